@@ -1,0 +1,1 @@
+"""Pieces every role stands on: config, errors, RPC, tensor codec, model-module loading."""

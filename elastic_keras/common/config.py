@@ -1,0 +1,254 @@
+"""Frozen configuration objects, one per role, and the one place that maps them to flags.
+
+The CLI parses flags once into a `JobConfig`; the master derives each role's `PSConfig` and
+`WorkerConfig` from it and turns them back into a command line with `to_argv`. Roles parse
+their command line with `parse_argv`. Code receives these objects, never an argparse
+namespace.
+
+Example:
+
+    >>> cfg = parse_argv(PSConfig, ["--ps-id", "0", "--num-ps", "1",
+    ...                             "--master-addr", "127.0.0.1:5000"])
+    >>> parse_argv(PSConfig, to_argv(cfg)) == cfg
+    True
+"""
+
+import argparse
+import dataclasses
+import re
+from typing import Any
+
+from elastic_keras.common.errors import ConfigError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _flag(default=dataclasses.MISSING, help="", required=False, choices=None):
+    """A dataclass field that is also a command-line flag."""
+    meta = {"help": help, "required": required, "choices": choices}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _check_positive(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if value < 1:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be a positive integer. Received: {value!r}"
+            )
+
+
+def _check_non_negative(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if value < 0:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be zero or more. Received: {value!r}"
+            )
+
+
+def _check_choice(config, name, choices):
+    value = getattr(config, name)
+    if value not in choices:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} must be one of {', '.join(choices)}. Received: {value!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """What `elastic-keras train` runs: the job as a whole, held by the master."""
+
+    model_def: str = _flag(
+        required=True,
+        help="The model module: 'module', 'pkg.module' or 'pkg.module.custom_model' relative "
+        "to --model-zoo, or a path to a .py file.",
+    )
+    training_data: str = _flag(
+        required=True,
+        help="Training records: a file, a directory or a glob of TFRecord (.tfrecord, "
+        ".tfrecords, .rec) or CSV (.csv, first line a header) files.",
+    )
+    model_zoo: str = _flag(".", help="The directory --model-def is relative to.")
+    validation_data: str = _flag(
+        "", help="Evaluation records (same forms as --training-data); evaluated after every "
+        "epoch and at the end with the module's eval_metrics_fn."
+    )
+    job_name: str = _flag("elastic-keras", help="A name for the job, used in logs.")
+    num_workers: int = _flag(1, help="Number of worker processes.")
+    num_ps: int = _flag(1, help="Number of parameter-server processes.")
+    minibatch_size: int = _flag(64, help="Records per minibatch.")
+    num_minibatches_per_task: int = _flag(
+        8, help="Minibatches per task: a task is minibatch-size x this many records."
+    )
+    num_epochs: int = _flag(1, help="Passes over the training data.")
+    output: str = _flag(
+        "", help="Directory for the exported model (saved_model/), job_summary.json and logs/."
+    )
+    max_task_retries: int = _flag(
+        3, help="How many times a failed task is re-queued before the job fails with its error."
+    )
+    shuffle_seed: int = _flag(
+        -1, help="Seed of the per-epoch task shuffle; -1 picks one at random."
+    )
+    progress_report_minibatches: int = _flag(
+        4, help="Workers report progress inside a task every this many minibatches."
+    )
+    index_cache_dir: str = _flag(
+        "", help="Where record-file indexes go when the data directory is read-only "
+        "(default: ~/.cache/elastic_keras/index)."
+    )
+    host: str = _flag("127.0.0.1", help="Address the master and parameter servers bind to.")
+    port: int = _flag(0, help="Master port; 0 picks a free one.")
+    log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
+
+    def __post_init__(self):
+        _check_positive(
+            self, "num_workers", "num_ps", "minibatch_size", "num_minibatches_per_task",
+            "num_epochs", "progress_report_minibatches",
+        )
+        _check_non_negative(self, "max_task_retries", "port")
+        _check_choice(self, "log_level", LOG_LEVELS)
+        for name in ("model_def", "training_data"):
+            if not getattr(self, name).strip():
+                raise ConfigError(f"--{name.replace('_', '-')} must not be empty.")
+
+    @property
+    def records_per_task(self):
+        return self.minibatch_size * self.num_minibatches_per_task
+
+    def ps_config(self, ps_id, master_addr):
+        return PSConfig(
+            ps_id=ps_id,
+            num_ps=self.num_ps,
+            master_addr=master_addr,
+            job_name=self.job_name,
+            host=self.host,
+            log_level=self.log_level,
+        )
+
+    def worker_config(self, worker_id, master_addr):
+        return WorkerConfig(
+            worker_id=worker_id,
+            master_addr=master_addr,
+            model_zoo=self.model_zoo,
+            model_def=self.model_def,
+            minibatch_size=self.minibatch_size,
+            num_ps=self.num_ps,
+            progress_report_minibatches=self.progress_report_minibatches,
+            index_cache_dir=self.index_cache_dir,
+            job_name=self.job_name,
+            log_level=self.log_level,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PSConfig:
+    """One parameter-server shard."""
+
+    ps_id: int = _flag(required=True, help="This shard's index, 0 .. num-ps - 1.")
+    num_ps: int = _flag(required=True, help="Number of shards in the job.")
+    master_addr: str = _flag(required=True, help="host:port of the master.")
+    job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
+    host: str = _flag("127.0.0.1", help="Address to bind to.")
+    port: int = _flag(0, help="Port to bind to; 0 picks a free one.")
+    log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
+
+    def __post_init__(self):
+        _check_positive(self, "num_ps")
+        _check_non_negative(self, "ps_id", "port")
+        if self.ps_id >= self.num_ps:
+            raise ConfigError(
+                f"--ps-id must be below --num-ps ({self.num_ps}). Received: {self.ps_id}"
+            )
+        _check_choice(self, "log_level", LOG_LEVELS)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """One worker."""
+
+    worker_id: int = _flag(required=True, help="This worker's id.")
+    master_addr: str = _flag(required=True, help="host:port of the master.")
+    model_def: str = _flag(required=True, help="As for `elastic-keras train`.")
+    model_zoo: str = _flag(".", help="As for `elastic-keras train`.")
+    minibatch_size: int = _flag(64, help="Records per minibatch.")
+    num_ps: int = _flag(1, help="Number of parameter-server shards.")
+    progress_report_minibatches: int = _flag(4, help="Report progress every this many minibatches.")
+    index_cache_dir: str = _flag("", help="Where record-file indexes go for read-only data.")
+    job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
+    log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
+
+    def __post_init__(self):
+        _check_non_negative(self, "worker_id")
+        _check_positive(self, "minibatch_size", "num_ps", "progress_report_minibatches")
+        _check_choice(self, "log_level", LOG_LEVELS)
+
+
+def _option(name):
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """Adds one kebab-case flag per field of the config class `cls` to `parser`."""
+    for field in dataclasses.fields(cls):
+        meta = field.metadata
+        kwargs: dict[str, Any] = {"dest": field.name, "help": meta.get("help", "")}
+        if field.type in (bool, "bool"):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = {"int": int, "float": float, "str": str}.get(
+                field.type if isinstance(field.type, str) else field.type.__name__, str
+            )
+            kwargs["metavar"] = field.name.upper()
+        if meta.get("choices"):
+            kwargs["choices"] = meta["choices"]
+        if meta.get("required"):
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = field.default
+            if kwargs["help"] and "action" not in kwargs:
+                kwargs["help"] += f" (default: {field.default!r})"
+        parser.add_argument(_option(field.name), **kwargs)
+
+
+def normalize_flags(argv):
+    """Accepts ElasticDL-style snake_case flags: `--num_workers 2` becomes `--num-workers 2`."""
+    out = []
+    for arg in argv:
+        match = re.match(r"^--([a-z0-9_]+)(=.*)?$", arg)
+        if match and "_" in match.group(1):
+            arg = "--" + match.group(1).replace("_", "-") + (match.group(2) or "")
+        out.append(arg)
+    return out
+
+
+def from_namespace(cls, namespace: argparse.Namespace):
+    """Builds a config of class `cls` from the matching attributes of a parsed namespace."""
+    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)}
+    return cls(**values)
+
+
+def parse_argv(cls, argv, prog=None):
+    """Parses a role's command line into a config of class `cls` (exits 2 on a bad flag)."""
+    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+    add_arguments(parser, cls)
+    namespace = parser.parse_args(normalize_flags(list(argv)))
+    try:
+        return from_namespace(cls, namespace)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def to_argv(config) -> list:
+    """The command-line flags that `parse_argv` turns back into an equal `config`."""
+    argv = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, bool):
+            argv.append(_option(field.name) if value else "--no-" + field.name.replace("_", "-"))
+        else:
+            argv += [_option(field.name), str(value)]
+    return argv

@@ -1,0 +1,36 @@
+"""The exception hierarchy: each name says what went wrong and how a caller recovers."""
+
+
+class ElasticKerasError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(ElasticKerasError, ValueError):
+    """A flag or configuration value breaks its rule. Fix the command line."""
+
+
+class ModelSpecError(ElasticKerasError, ValueError):
+    """The model-zoo module is missing a required name or returns the wrong kind of object."""
+
+
+class DataError(ElasticKerasError, ValueError):
+    """A data path matches nothing, or a record file is malformed or corrupt."""
+
+
+class PayloadError(ElasticKerasError, ValueError):
+    """An RPC payload is malformed: wrong size for its dtype and shape, unknown dtype, ...
+
+    Servers answer it with INVALID_ARGUMENT and leave their state unchanged.
+    """
+
+
+class PSError(ElasticKerasError):
+    """A parameter server refused a request (e.g. gradients for an unknown variable)."""
+
+
+class NotReadyError(ElasticKerasError):
+    """The peer is not ready yet (e.g. the model is not initialised): wait and retry."""
+
+
+class JobFailedError(ElasticKerasError):
+    """The job ended without training every record; the message says why."""

@@ -1,0 +1,68 @@
+"""The client side of the master's service, used by workers and parameter servers."""
+
+from elastic_keras.common import rpc
+from elastic_keras.proto import master_pb2, master_pb2_grpc
+
+# Calls the master may see twice without harm: registration is by id, progress is absolute,
+# a result for a task that is no longer running is ignored.
+_IDEMPOTENT = (
+    "RegisterPS", "RegisterWorker", "GetCluster", "Heartbeat", "ReportProgress",
+    "ReportTaskResult", "ReportVersion",
+)
+
+
+class MasterClient:
+    """Calls the master at `address` ("host:port"); every call has a deadline."""
+
+    def __init__(self, address, deadline_s=rpc.DEFAULT_DEADLINE_S):
+        self.address = address
+        self._channel = rpc.create_channel(
+            address, "elastic_keras.Master", _IDEMPOTENT, deadline_s
+        )
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+
+    def register_ps(self, ps_id, address):
+        self._stub.RegisterPS(master_pb2.RegisterPSRequest(ps_id=ps_id, address=address))
+
+    def register_worker(self, worker_id):
+        self._stub.RegisterWorker(master_pb2.RegisterWorkerRequest(worker_id=worker_id))
+
+    def get_cluster(self, worker_id):
+        """Returns (ready, ps_addresses)."""
+        response = self._stub.GetCluster(master_pb2.GetClusterRequest(worker_id=worker_id))
+        return response.ready, list(response.ps_addresses)
+
+    def heartbeat(self, role, role_id, timeout_s=None):
+        """Returns True once the job has finished and the caller should exit."""
+        response = self._stub.Heartbeat(
+            master_pb2.HeartbeatRequest(role=role, id=role_id), timeout=timeout_s
+        )
+        return response.job_finished
+
+    def get_task(self, worker_id):
+        return self._stub.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id)).task
+
+    def report_progress(self, worker_id, task_id, records_done, loss, model_version):
+        self._stub.ReportProgress(
+            master_pb2.ReportProgressRequest(
+                worker_id=worker_id, task_id=task_id, records_done=records_done,
+                loss=loss, model_version=model_version,
+            )
+        )
+
+    def report_task_result(self, worker_id, task_id, records_done, error="", loss=0.0,
+                           model_version=0, metric_states=()):
+        self._stub.ReportTaskResult(
+            master_pb2.ReportTaskResultRequest(
+                worker_id=worker_id, task_id=task_id, error=error, records_done=records_done,
+                loss=loss, model_version=model_version, metric_states=list(metric_states),
+            )
+        )
+
+    def report_version(self, ps_id, model_version):
+        self._stub.ReportVersion(
+            master_pb2.ReportVersionRequest(ps_id=ps_id, model_version=model_version)
+        )
+
+    def close(self):
+        self._channel.close()

@@ -1,0 +1,160 @@
+from elastic_keras.proto import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_NONE: _ClassVar[TaskType]
+    TASK_WAIT: _ClassVar[TaskType]
+    TASK_TRAINING: _ClassVar[TaskType]
+    TASK_EVALUATION: _ClassVar[TaskType]
+TASK_NONE: TaskType
+TASK_WAIT: TaskType
+TASK_TRAINING: TaskType
+TASK_EVALUATION: TaskType
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "type", "path", "start", "end", "epoch", "model_version")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    type: TaskType
+    path: str
+    start: int
+    end: int
+    epoch: int
+    model_version: int
+    def __init__(self, task_id: _Optional[int] = ..., type: _Optional[_Union[TaskType, str]] = ..., path: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class RegisterPSRequest(_message.Message):
+    __slots__ = ("ps_id", "address")
+    PS_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ps_id: int
+    address: str
+    def __init__(self, ps_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RegisterPSResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetClusterRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class GetClusterResponse(_message.Message):
+    __slots__ = ("ready", "ps_addresses")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    PS_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    ps_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ready: _Optional[bool] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("role", "id")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    id: int
+    def __init__(self, role: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("job_finished",)
+    JOB_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    job_finished: bool
+    def __init__(self, job_finished: _Optional[bool] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "records_done", "loss", "model_version")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_DONE_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    task_id: int
+    records_done: int
+    loss: float
+    model_version: int
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MetricState(_message.Message):
+    __slots__ = ("name", "variables")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    variables: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, name: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class ReportTaskResultRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_DONE_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    task_id: int
+    error: str
+    records_done: int
+    loss: float
+    model_version: int
+    metric_states: _containers.RepeatedCompositeFieldContainer[MetricState]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ...) -> None: ...
+
+class ReportTaskResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportVersionRequest(_message.Message):
+    __slots__ = ("ps_id", "model_version")
+    PS_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ps_id: int
+    model_version: int
+    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class ReportVersionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
