@@ -1,0 +1,129 @@
+"""Roles as local subprocesses: the embedded default engine.
+
+Each role runs as `python -m <module> <args>` in its own session. Its output is read line by
+line, written to `<log_dir>/<role>.log` and handed to `on_line` (the master's console). On
+Linux each child also asks the kernel to SIGTERM it when the master dies, so no role outlives
+a killed master.
+"""
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from elastic_keras.master.instance_manager.api import InstanceManager, RoleExit, RoleSpec
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: roles then notice the master's absence over gRPC
+
+
+class LocalInstanceManager(InstanceManager):
+    """Runs roles as child processes of the master.
+
+    Args:
+        log_dir: directory for one log file per role, or "" for none.
+        on_line: called as `on_line(role_name, line)` for every line a role prints.
+        env: extra environment variables for the roles.
+    """
+
+    def __init__(self, log_dir="", on_line=None, env=None):
+        self._log_dir = log_dir
+        self._on_line = on_line or (lambda name, line: None)
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._procs: dict[str, tuple[RoleSpec, subprocess.Popen, threading.Thread]] = {}
+        self._lock = threading.Lock()
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+
+    def start(self, spec):
+        with self._lock:
+            if spec.name in self._procs:
+                raise ValueError(f"Role {spec.name} is already running.")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", spec.module, *spec.args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+            pump = threading.Thread(
+                target=self._pump, args=(spec.name, proc), name=f"log-{spec.name}", daemon=True
+            )
+            pump.start()
+            self._procs[spec.name] = (spec, proc, pump)
+        logger.info("Started %s (pid %d)", spec.name, proc.pid)
+
+    def _pump(self, name, proc):
+        log_file = None
+        if self._log_dir:
+            log_file = open(os.path.join(self._log_dir, f"{name}.log"), "a", encoding="utf-8")
+        try:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if log_file:
+                    log_file.write(line + "\n")
+                    log_file.flush()
+                self._on_line(name, line)
+        finally:
+            if log_file:
+                log_file.close()
+
+    def poll(self):
+        exited = []
+        with self._lock:
+            for name, (spec, proc, pump) in list(self._procs.items()):
+                code = proc.poll()
+                if code is not None:
+                    pump.join(timeout=5)  # let the last lines (a traceback) reach the log
+                    del self._procs[name]
+                    exited.append(RoleExit(spec, code))
+        return exited
+
+    def running(self):
+        with self._lock:
+            return [spec for spec, proc, _ in self._procs.values() if proc.poll() is None]
+
+    def pid(self, name):
+        with self._lock:
+            return self._procs[name][1].pid
+
+    def stop(self, name, grace_s):
+        with self._lock:
+            entry = self._procs.get(name)
+        if entry:
+            self._terminate([entry[1]], grace_s)
+
+    def stop_all(self, grace_s):
+        with self._lock:
+            procs = [proc for _, proc, _ in self._procs.values()]
+        self._terminate(procs, grace_s)
+        self.poll()
+
+    @staticmethod
+    def _terminate(procs, grace_s):
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("Role pid %d ignored SIGTERM for %.0f s; killing it",
+                               proc.pid, grace_s)
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,59 @@
+"""The master's gRPC servicer: translates between protobuf and the `Master` object."""
+
+from elastic_keras.master.task_manager import TaskType
+from elastic_keras.proto import master_pb2, master_pb2_grpc
+
+_WIRE_TYPES = {TaskType.TRAINING: master_pb2.TASK_TRAINING,
+               TaskType.EVALUATION: master_pb2.TASK_EVALUATION}
+
+
+class MasterServicer(master_pb2_grpc.MasterServicer):
+    def __init__(self, master):
+        self._master = master
+
+    def RegisterPS(self, request, context):
+        self._master.membership.register_ps(request.ps_id, request.address)
+        return master_pb2.RegisterPSResponse()
+
+    def RegisterWorker(self, request, context):
+        self._master.membership.register_worker(request.worker_id)
+        return master_pb2.RegisterWorkerResponse()
+
+    def GetCluster(self, request, context):
+        ready, addresses = self._master.membership.ps_addresses()
+        return master_pb2.GetClusterResponse(ready=ready, ps_addresses=addresses)
+
+    def Heartbeat(self, request, context):
+        self._master.membership.heartbeat(request.role, request.id)
+        return master_pb2.HeartbeatResponse(job_finished=self._master.job_finished)
+
+    def GetTask(self, request, context):
+        task = self._master.get_task(request.worker_id)
+        if task is None:
+            kind = master_pb2.TASK_NONE if self._master.no_more_tasks else master_pb2.TASK_WAIT
+            return master_pb2.GetTaskResponse(task=master_pb2.Task(type=kind))
+        return master_pb2.GetTaskResponse(
+            task=master_pb2.Task(
+                task_id=task.task_id, type=_WIRE_TYPES[task.type], path=task.path,
+                start=task.start, end=task.end, epoch=task.epoch,
+                model_version=task.model_version,
+            )
+        )
+
+    def ReportProgress(self, request, context):
+        self._master.report_progress(
+            request.worker_id, request.task_id, request.records_done, request.loss,
+            request.model_version,
+        )
+        return master_pb2.ReportProgressResponse()
+
+    def ReportTaskResult(self, request, context):
+        self._master.report_task_result(
+            request.worker_id, request.task_id, request.records_done, request.error,
+            request.loss, request.model_version, request.metric_states,
+        )
+        return master_pb2.ReportTaskResultResponse()
+
+    def ReportVersion(self, request, context):
+        self._master.membership.report_version(request.ps_id, request.model_version)
+        return master_pb2.ReportVersionResponse()

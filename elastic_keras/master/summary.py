@@ -1,0 +1,43 @@
+"""The job's outcome, written to `--output/job_summary.json`."""
+
+import dataclasses
+import enum
+import json
+
+from elastic_keras.common.atomic_file import write_atomic
+
+
+class JobStatus(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass
+class JobSummary:
+    """What happened: status, per-epoch record counts, tasks, versions, speed, metrics."""
+
+    job_name: str
+    status: JobStatus
+    error: str
+    num_workers: int
+    num_ps: int
+    epochs: list            # [EpochCounts as dict + "trained_never"]
+    tasks_done: int
+    tasks_failed: int
+    tasks_requeued: int
+    final_model_version: int
+    wall_time_s: float
+    training_time_s: float
+    examples_trained: int
+    examples_per_second: float
+    evaluations: list       # [{"epoch", "model_version", "metrics"}]
+    role_exits: list        # [{"role", "exit_code"}] of roles that stopped before the end
+    saved_model: str = ""
+
+    def to_dict(self):
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    def write(self, path):
+        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
