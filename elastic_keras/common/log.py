@@ -7,9 +7,15 @@ import sys
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+def quiet_native_logs():
+    """Hides TensorFlow's and gRPC's C++ start-up chatter; call before importing them."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def setup_logging(level="info"):
     """Sends this process's logs to stderr at `level`, and quiets TensorFlow's C++ logs."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_native_logs()
     logging.basicConfig(
         level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True
     )

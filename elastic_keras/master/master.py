@@ -64,13 +64,18 @@ class Master:
         self._versions_lock = threading.Lock()
         self._model_version = 0
         self._shards = []
+        self._first_task_at = None  # training time counts from the first task handed out
+        self._training_ended_at = None
 
     # -- called by the servicer --------------------------------------------------------------
 
     def get_task(self, worker_id):
         if self.tasks is None or self.no_more_tasks:
             return None
-        return self.tasks.get(worker_id)
+        task = self.tasks.get(worker_id)
+        if task is not None and self._first_task_at is None:
+            self._first_task_at = time.time()
+        return task
 
     def report_progress(self, worker_id, task_id, records_done, loss, model_version):
         self._note_version(model_version)
@@ -112,7 +117,6 @@ class Master:
         """Runs the job to its end and returns its `JobSummary` (also written to --output)."""
         started = time.time()
         server = None
-        train_started = None
         try:
             self._shards = list_shards(self.config.training_data, self.config.index_cache_dir)
             eval_shards = (
@@ -135,10 +139,9 @@ class Master:
             logger.info("Job %s: master at %s; %d training records in %d files, %d tasks/epoch",
                         self.config.job_name, address, self.tasks.records_per_epoch,
                         len(self._shards), self.tasks.tasks_per_epoch)
-            self._start_ps(address)
-            self._start_workers(address)
-            train_started = time.time()
+            self._launch(address)
             self._loop()
+            self._training_ended_at = time.time()
             if not self.tasks.failed and not self._error and self.config.output:
                 self._export()
         except KeyboardInterrupt:
@@ -149,16 +152,22 @@ class Master:
             raise
         finally:
             self._shutdown(server)
-            summary = self._summary(started, train_started)
+            summary = self._summary(started)
             if self.config.output:
                 os.makedirs(self.config.output, exist_ok=True)
                 summary.write(os.path.join(self.config.output, "job_summary.json"))
         return summary
 
-    def _start_ps(self, address):
+    def _launch(self, address):
+        """Starts every role, then waits for the parameter servers to register."""
         for ps_id in range(self.config.num_ps):
             args = to_argv(self.config.ps_config(ps_id, address))
             self.engine.start(RoleSpec(RoleType.PS, ps_id, "elastic_keras.ps", tuple(args)))
+        for worker_id in range(self.config.num_workers):
+            args = to_argv(self.config.worker_config(worker_id, address))
+            self.engine.start(
+                RoleSpec(RoleType.WORKER, worker_id, "elastic_keras.worker", tuple(args))
+            )
         deadline = time.monotonic() + PS_REGISTRATION_TIMEOUT_S
         while not self.membership.ps_addresses()[0]:
             for exit_ in self.engine.poll():
@@ -172,13 +181,6 @@ class Master:
                     f"parameter servers did not register within {PS_REGISTRATION_TIMEOUT_S:.0f} s"
                 )
             time.sleep(0.05)
-
-    def _start_workers(self, address):
-        for worker_id in range(self.config.num_workers):
-            args = to_argv(self.config.worker_config(worker_id, address))
-            self.engine.start(
-                RoleSpec(RoleType.WORKER, worker_id, "elastic_keras.worker", tuple(args))
-            )
 
     def _loop(self):
         while True:
@@ -261,8 +263,9 @@ class Master:
             server.stop(grace=1.0)
         self.console.close()
 
-    def _summary(self, started, train_started):
+    def _summary(self, started):
         now = time.time()
+        train_started = self._first_task_at
         failed = bool(self._error) or self.tasks is None or self.tasks.failed
         epochs = []
         if self.tasks is not None:
@@ -277,7 +280,8 @@ class Master:
             if not failed and any(e["trained_never"] for e in epochs):
                 failed = True
                 self._error = "some records were never trained"
-        training_time = now - train_started if train_started else 0.0
+        ended = self._training_ended_at or now
+        training_time = ended - train_started if train_started else 0.0
         trained = self.throughput.records
         return JobSummary(
             job_name=self.config.job_name,

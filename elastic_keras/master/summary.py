@@ -4,7 +4,7 @@ import dataclasses
 import enum
 import json
 
-from elastic_keras.common.atomic_file import write_atomic
+from elastic_keras.common.atomic_file import atomic_write
 
 
 class JobStatus(str, enum.Enum):
@@ -40,4 +40,5 @@ class JobSummary:
         return data
 
     def write(self, path):
-        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        with atomic_write(path, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -1,0 +1,88 @@
+"""`elastic-keras`: train a model-zoo module, or convert data into record files.
+
+Exit codes: 0 the job succeeded; 1 it failed; 2 bad flags, model module or data (nothing
+was launched); 130 interrupted.
+"""
+
+import argparse
+import json
+import sys
+
+from elastic_keras import __version__
+from elastic_keras.common.log import quiet_native_logs
+
+quiet_native_logs()
+
+from elastic_keras.common import config as config_lib
+from elastic_keras.common.errors import ConfigError, DataError, ModelSpecError
+from elastic_keras.data import command as data_command
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="elastic-keras",
+        description="Elastic parameter-server training of Keras models.",
+    )
+    parser.add_argument("--version", action="version", version=f"elastic-keras {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train = commands.add_parser(
+        "train", help="Train a model-zoo module with parameter servers and workers.",
+        description="Train a model-zoo module: the master launches --num-ps parameter "
+        "servers and --num-workers workers as local processes and hands out tasks.",
+    )
+    config_lib.add_arguments(train, config_lib.JobConfig)
+    train.set_defaults(func=_run_train)
+    data_command.register(commands)
+    return parser
+
+
+def _run_train(args):
+    try:
+        job = config_lib.from_namespace(config_lib.JobConfig, args)
+        from elastic_keras.api import train  # loads TensorFlow: only when training
+
+        summary = train(job)
+    except (ConfigError, ModelSpecError, DataError) as exc:
+        print(f"elastic-keras train: error: {exc}", file=sys.stderr)
+        return 2
+    _print_summary(summary)
+    if summary.error == "interrupted (Ctrl-C or SIGTERM)":
+        return 130
+    return 0 if summary.status.value == "succeeded" else 1
+
+
+def _print_summary(summary):
+    lines = [f"Job {summary.job_name} {summary.status.value.upper()}"]
+    if summary.error:
+        lines.append(f"  error: {summary.error}")
+    for epoch in summary.epochs:
+        lines.append(
+            f"  epoch {epoch['epoch']}: {epoch['trained_at_least_once']}/{epoch['records']} "
+            f"records trained, {epoch['trained_more_than_once']} more than once"
+        )
+    for evaluation in summary.evaluations[-1:]:
+        lines.append(f"  evaluation (version {evaluation['model_version']}): "
+                     f"{json.dumps(evaluation['metrics'])}")
+    lines.append(
+        f"  tasks: {summary.tasks_done} done, {summary.tasks_failed} failed, "
+        f"{summary.tasks_requeued} re-queued; model version {summary.final_model_version}"
+    )
+    lines.append(f"  {summary.examples_trained} examples in {summary.training_time_s:.1f} s "
+                 f"({summary.examples_per_second:.0f} examples/s); wall time "
+                 f"{summary.wall_time_s:.1f} s")
+    if summary.saved_model:
+        lines.append(f"  model: {summary.saved_model}")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(config_lib.normalize_flags(sys.argv[1:] if argv is None else argv))
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Record files: readers with sidecar offset indexes, path expansion, shards and conversion."""

@@ -1,0 +1,1 @@
+"""The parameter-server role: one shard's dense variables, its optimizer and its gRPC service."""

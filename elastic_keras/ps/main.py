@@ -1,0 +1,149 @@
+"""The parameter-server process: serve one shard, register with the master, keep in touch.
+
+Usage:
+
+    python -m elastic_keras.ps --ps-id 0 --num-ps 1 --master-addr 127.0.0.1:5000 \\
+        [--host 127.0.0.1] [--port 0] [--job-name NAME] [--log-level info]
+
+The process starts its gRPC server (port 0 lets the OS pick), registers its address with the
+master, then every `HEARTBEAT_INTERVAL_S` sends a heartbeat and reports its model version.
+After the master has been unreachable for a while, the next answer re-registers the address,
+so a restarted master learns it again.
+
+Exit status: 0 when the master says the job has finished, or on SIGTERM/SIGINT (the server
+gets `STOP_GRACE_S` to finish calls in flight); `EXIT_MASTER_LOST` when the master has not
+answered for `MASTER_LOST_S`, so no orphan parameter server outlives its job; 2 for bad flags.
+"""
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+
+import grpc
+
+from elastic_keras.common import rpc
+from elastic_keras.common.config import PSConfig, parse_argv
+from elastic_keras.common.log import setup_logging
+from elastic_keras.common.master_client import MasterClient
+from elastic_keras.proto import pserver_pb2_grpc
+from elastic_keras.ps.parameters import Parameters
+from elastic_keras.ps.servicer import PServerServicer
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 2.0
+# Deadline of each call to the master; a heartbeat's is cut to the time left before
+# MASTER_LOST_S, so the process exits close to that bound.
+MASTER_CALL_DEADLINE_S = 5.0
+# How long the master may stay silent before this process gives up and exits.
+MASTER_LOST_S = 30.0
+STOP_GRACE_S = 1.0
+EXIT_MASTER_LOST = 1
+
+
+def main(argv=None) -> int:
+    """Runs a parameter server until the job finishes, a signal arrives or the master is lost.
+
+    Args:
+        argv: the flags (default: `sys.argv[1:]`), parsed into a `PSConfig`.
+
+    Returns:
+        The exit status (see the module docstring).
+    """
+    config = parse_argv(
+        PSConfig, sys.argv[1:] if argv is None else argv, prog="python -m elastic_keras.ps"
+    )
+    setup_logging(config.log_level)
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        return run(config, stop)
+
+
+def run(config, stop):
+    """Serves the shard described by `config` until done; `stop` set means shut down.
+
+    Returns:
+        The exit status.
+    """
+    parameters = Parameters()
+    servicer = PServerServicer(parameters)
+    server, port = rpc.create_server(
+        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)],
+        config.host,
+        config.port,
+    )
+    address = f"{config.host}:{port}"
+    logger.info(
+        "Parameter server %d of %d (job %s) serving on %s.",
+        config.ps_id, config.num_ps, config.job_name, address,
+    )
+    master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S)
+    try:
+        return _keep_in_touch(config, address, parameters, master, stop)
+    finally:
+        master.close()
+        server.stop(STOP_GRACE_S).wait()
+        logger.info("Parameter server %d stopped.", config.ps_id)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop):
+    """Sets `stop` on SIGTERM and SIGINT while inside (main thread only, where signals land)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _keep_in_touch(config, address, parameters, master, stop):
+    """Registers, then heartbeats and reports the version until the job ends; the exit status."""
+    registered = False
+    in_outage = False
+    last_answer = time.monotonic()
+    while not stop.is_set():
+        time_left = last_answer + MASTER_LOST_S - time.monotonic()
+        if time_left <= 0:
+            logger.error(
+                "The master at %s has not answered for %.0f s: it is gone. Exiting so that no "
+                "orphan parameter server lives on.",
+                config.master_addr, MASTER_LOST_S,
+            )
+            return EXIT_MASTER_LOST
+        try:
+            if not registered:
+                master.register_ps(config.ps_id, address)
+                registered = True
+                logger.info("Registered %s with the master at %s.", address, config.master_addr)
+            finished = master.heartbeat(
+                "ps", config.ps_id, timeout_s=min(MASTER_CALL_DEADLINE_S, time_left)
+            )
+            last_answer = time.monotonic()
+            if in_outage:
+                in_outage = False
+                master.register_ps(config.ps_id, address)
+                logger.info("The master answers again; re-registered %s.", address)
+            if finished:
+                logger.info("The master says the job has finished; stopping.")
+                return 0
+            master.report_version(config.ps_id, parameters.version)
+        except grpc.RpcError as exc:
+            in_outage = registered
+            logger.warning(
+                "The master at %s did not answer (%s: %s); silent for %.0f s of %.0f s allowed.",
+                config.master_addr, exc.code().name, exc.details(),
+                time.monotonic() - last_answer, MASTER_LOST_S,
+            )
+        time_left = last_answer + MASTER_LOST_S - time.monotonic()
+        stop.wait(max(0.0, min(HEARTBEAT_INTERVAL_S, time_left)))
+    logger.info("Stopping on signal.")
+    return 0

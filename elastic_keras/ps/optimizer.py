@@ -1,0 +1,162 @@
+"""The shard's Keras optimizer: rebuilt from the worker's config, applied as compiled graphs.
+
+Applying a Keras optimizer eagerly runs a Python loop of small ops per variable; wrapping
+`optimizer.apply` in a `tf.function` removes that overhead (for the gradients of a small CNN,
+about 1M parameters in 8 variables, Adam goes from about 63 ms to about 6 ms a push and SGD
+from about 7 ms to about 3 ms). A push's *signature* is the set of variables it updates and
+whether each gradient is dense or sparse; each signature is traced once with an explicit input
+signature (sparse rows have an unknown row count), so the number of rows of an `IndexedSlices`
+never causes a retrace. Past `MAX_COMPILED_SIGNATURES` distinct signatures, pushes are applied
+eagerly, so a stream of unusual pushes cannot grow the graph cache without bound.
+
+Example:
+
+    >>> import keras, tensorflow as tf
+    >>> variable = tf.Variable([1.0, 2.0])
+    >>> applier = OptimizerApplier(optimizer_from_config(
+    ...     '{"class_name": "SGD", "config": {"learning_rate": 0.5}}'), {"w": variable})
+    >>> applier.apply({"w": tf.constant([1.0, 1.0])})
+    >>> variable.numpy().tolist()
+    [0.5, 1.5]
+"""
+
+import json
+import logging
+
+import keras
+import tensorflow as tf
+
+from elastic_keras.common.errors import PayloadError
+
+logger = logging.getLogger(__name__)
+
+MAX_COMPILED_SIGNATURES = 32
+
+_CONFIG_EXCERPT_CHARS = 200
+
+
+def optimizer_from_config(config):
+    """Rebuilds a Keras optimizer from the JSON of `keras.optimizers.serialize(optimizer)`.
+
+    Args:
+        config: the JSON text, as carried by `InitModelRequest.optimizer_config`.
+
+    Returns:
+        A new, unbuilt `keras.optimizers.Optimizer`.
+
+    Raises:
+        PayloadError: the text is not JSON, not an object, or does not describe a Keras
+            optimizer (unknown class, bad argument, ...).
+    """
+    excerpt = config[:_CONFIG_EXCERPT_CHARS]
+    if len(config) > _CONFIG_EXCERPT_CHARS:
+        excerpt += "..."
+    rule = "optimizer_config must be the JSON of keras.optimizers.serialize(optimizer)"
+    try:
+        spec = json.loads(config)
+    except ValueError as exc:
+        raise PayloadError(f"{rule}; it is not valid JSON ({exc}). Received: {excerpt!r}") from exc
+    if not isinstance(spec, dict):
+        raise PayloadError(f"{rule}; it must be a JSON object. Received: {excerpt!r}")
+    try:
+        optimizer = keras.optimizers.deserialize(spec)
+    except Exception as exc:  # Keras raises ValueError, TypeError, ImportError, ...
+        raise PayloadError(
+            f"{rule}; Keras cannot rebuild it ({type(exc).__name__}: {exc}). "
+            f"Received: {excerpt!r}"
+        ) from exc
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise PayloadError(
+            f"{rule}; class_name {spec.get('class_name')!r} is not a Keras optimizer "
+            f"(rebuilding it gave a {type(optimizer).__name__}). Received: {excerpt!r}"
+        )
+    return optimizer
+
+
+class OptimizerApplier:
+    """Applies gradients to a fixed set of variables with one Keras optimizer.
+
+    The optimizer is built at once on every variable given, so it holds a slot set for each
+    and any subset can be updated later. Not thread-safe: callers serialise `apply`.
+
+    Args:
+        optimizer: an unbuilt Keras optimizer.
+        variables: `{name: tf.Variable}`, the variables gradients may update.
+    """
+
+    def __init__(self, optimizer, variables):
+        self.optimizer = optimizer
+        self._variables = dict(variables)
+        optimizer.build(list(self._variables.values()))
+        self._compiled = {}
+        self._warned_cache_full = False
+
+    @property
+    def traces(self):
+        """How many times pushes have been traced into graphs (one per signature when healthy)."""
+        return sum(f.experimental_get_tracing_count() for f in self._compiled.values())
+
+    def apply(self, gradients):
+        """Applies one step: `gradients` maps names to dense tensors or `tf.IndexedSlices`.
+
+        Every gradient must already have its variable's dtype and shape (rows and row ids in
+        range for `tf.IndexedSlices`); the caller has checked them. One call advances the
+        optimizer's iteration count by one; an empty `gradients` does nothing.
+        """
+        if not gradients:
+            return
+        names = sorted(gradients)
+        signature = tuple((name, isinstance(gradients[name], tf.IndexedSlices)) for name in names)
+        function = self._compiled_for(signature)
+        if function is None:
+            self.optimizer.apply(
+                [gradients[name] for name in names], [self._variables[name] for name in names]
+            )
+            return
+        flat = []
+        for name, sparse in signature:
+            gradient = gradients[name]
+            flat += [gradient.values, gradient.indices] if sparse else [gradient]
+        function(*flat)
+
+    def _compiled_for(self, signature):
+        function = self._compiled.get(signature)
+        if function is not None or len(self._compiled) < MAX_COMPILED_SIGNATURES:
+            if function is None:
+                function = self._compiled[signature] = self._compile(signature)
+            return function
+        if not self._warned_cache_full:
+            self._warned_cache_full = True
+            logger.warning(
+                "More than %d distinct push signatures; further new ones are applied eagerly.",
+                MAX_COMPILED_SIGNATURES,
+            )
+        return None
+
+    def _compile(self, signature):
+        variables = [self._variables[name] for name, _ in signature]
+        specs = []
+        for variable, (_, sparse) in zip(variables, signature):
+            if sparse:
+                row_shape = variable.shape[1:]
+                specs += [
+                    tf.TensorSpec([None, *row_shape], variable.dtype),
+                    tf.TensorSpec([None], tf.int64),
+                ]
+            else:
+                specs.append(tf.TensorSpec(variable.shape, variable.dtype))
+
+        def apply_step(*flat):
+            gradients, position = [], 0
+            for variable, (_, sparse) in zip(variables, signature):
+                if sparse:
+                    values, ids = flat[position], flat[position + 1]
+                    dense_shape = tf.constant(variable.shape.as_list(), tf.int64)
+                    gradients.append(tf.IndexedSlices(values, ids, dense_shape))
+                    position += 2
+                else:
+                    gradients.append(flat[position])
+                    position += 1
+            self.optimizer.apply(gradients, variables)
+
+        return tf.function(apply_step, input_signature=specs)

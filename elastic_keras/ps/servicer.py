@@ -1,0 +1,78 @@
+"""The PServer gRPC service: translates messages to `Parameters` calls and errors to statuses.
+
+`PayloadError` becomes INVALID_ARGUMENT and `NotReadyError` FAILED_PRECONDITION; in both
+cases the shard is unchanged. Tensors are decoded here, outside the shard's lock.
+
+Example:
+
+    server, port = rpc.create_server(
+        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(
+            PServerServicer(Parameters()), s)])
+"""
+
+import contextlib
+import logging
+
+import grpc
+
+from elastic_keras.common import tensor_codec
+from elastic_keras.common.errors import NotReadyError, PayloadError
+from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+from elastic_keras.ps.parameters import Push
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _abort_on_domain_errors(context, method):
+    try:
+        yield
+    except PayloadError as exc:
+        logger.warning("%s rejected: %s", method, exc)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    except NotReadyError as exc:
+        logger.info("%s refused: %s", method, exc)
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+
+def _decode_all(tensors):
+    return tuple((tensor.name, tensor_codec.decode(tensor)) for tensor in tensors)
+
+
+class PServerServicer(pserver_pb2_grpc.PServerServicer):
+    """Serves one shard's `Parameters` over gRPC."""
+
+    def __init__(self, parameters):
+        self._parameters = parameters
+
+    def InitModel(self, request, context):
+        with _abort_on_domain_errors(context, "InitModel"):
+            result = self._parameters.init_model(
+                _decode_all(request.dense), request.optimizer_config
+            )
+        return pserver_pb2.InitModelResponse(
+            initialized_now=result.initialized_now, model_version=result.model_version
+        )
+
+    def PullDense(self, request, context):
+        result = self._parameters.pull(request.known_version)
+        return pserver_pb2.PullDenseResponse(
+            initialized=result.initialized,
+            model_version=result.model_version,
+            dense=[tensor_codec.encode(name, value) for name, value in result.dense.items()],
+        )
+
+    def PushGradients(self, request, context):
+        with _abort_on_domain_errors(context, f"PushGradients from worker {request.worker_id}"):
+            result = self._parameters.push(
+                Push(
+                    worker_id=request.worker_id,
+                    sequence=request.sequence,
+                    model_version=request.model_version,
+                    gradients=_decode_all(request.gradients),
+                    assign=_decode_all(request.assign),
+                )
+            )
+        return pserver_pb2.PushGradientsResponse(
+            accepted=result.accepted, model_version=result.model_version, reason=result.reason
+        )

@@ -1,0 +1,207 @@
+"""Checks what a worker sends against the shard's variables, before anything is changed.
+
+Everything here is a pure function of the payload and the shard's variable specs (names,
+shapes and dtypes, fixed at initialisation), so it runs outside the shard's lock and a bad
+payload is rejected with `PayloadError` while the variables, the optimizer and the model
+version stay as they were.
+
+Example:
+
+    >>> import numpy as np
+    >>> specs = {"w": VariableSpec(shape=(2,), dtype=np.dtype("float32"))}
+    >>> update = prepare_update(specs, [("w", np.ones(2, "float64"))], [])
+    >>> update.gradients["w"].dtype.name
+    'float32'
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from elastic_keras.common.errors import PayloadError
+from elastic_keras.common.tensor_codec import Slices
+
+_NAMES_IN_MESSAGES = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+    """What a payload for one variable must match."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def floating(self):
+        """Whether gradients may update the variable (only floating-point ones)."""
+        return tf.as_dtype(self.dtype).is_floating
+
+    @classmethod
+    def of(cls, value):
+        """The spec of a numpy array or `tf.Variable`."""
+        dtype = value.dtype.as_numpy_dtype if isinstance(value.dtype, tf.DType) else value.dtype
+        return cls(shape=tuple(value.shape), dtype=np.dtype(dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedUpdate:
+    """A checked push as tensors of the variables' dtypes, ready to apply.
+
+    `gradients` maps names to dense tensors or `tf.IndexedSlices` (with unique row ids);
+    `assign` maps names of variables to replace to their new values.
+    """
+
+    gradients: dict
+    assign: dict
+
+
+def check_initial_values(pairs):
+    """Checks an `InitModel` payload: `(name, value)` pairs of dense arrays.
+
+    Returns:
+        `{name: array}` in the order given.
+
+    Raises:
+        PayloadError: a name is empty or repeated, or a value is sparse.
+    """
+    values = {}
+    for name, value in pairs:
+        _check_name(name, values, "InitModel tensor")
+        if isinstance(value, Slices):
+            raise PayloadError(
+                f"InitModel tensor {name!r}: initial values must be dense tensors. "
+                f"Received: a sparse tensor with {len(value.ids)} ids"
+            )
+        values[name] = value
+    return values
+
+
+def prepare_update(specs, gradients, assign):
+    """Checks a push's gradients and assignments and casts them to the variables' dtypes.
+
+    Args:
+        specs: `{name: VariableSpec}` of the shard's variables.
+        gradients: `(name, value)` pairs; a value is a numpy array (dense gradient, the
+            variable's shape) or `Slices` (rows of the variable; repeated ids are summed).
+        assign: `(name, array)` pairs of new values for non-trainable variables.
+
+    Returns:
+        A `PreparedUpdate`.
+
+    Raises:
+        PayloadError: an unknown or repeated name, a variable both updated and assigned, a
+            gradient for a non-floating variable, a dtype that cannot be cast to the
+            variable's, a shape that does not match, or a row id out of range.
+    """
+    prepared_gradients = {}
+    for name, value in gradients:
+        what = f"Gradient {name!r}"
+        spec = _spec_for(specs, name, prepared_gradients, what)
+        if not spec.floating:
+            raise PayloadError(
+                f"{what}: gradients apply only to floating-point variables. "
+                f"Received: a gradient for a variable of dtype {spec.dtype.name}"
+            )
+        if isinstance(value, Slices):
+            prepared_gradients[name] = _sparse_gradient(what, value, spec)
+        else:
+            prepared_gradients[name] = tf.convert_to_tensor(_dense(what, value, spec))
+    prepared_assign = {}
+    for name, value in assign:
+        what = f"Assigned value {name!r}"
+        spec = _spec_for(specs, name, prepared_assign, what)
+        if name in prepared_gradients:
+            raise PayloadError(
+                f"{what}: a variable is either updated by a gradient or assigned in one push, "
+                "not both. Received: both"
+            )
+        if isinstance(value, Slices):
+            raise PayloadError(
+                f"{what}: assigned values must be dense. "
+                f"Received: a sparse tensor with {len(value.ids)} ids"
+            )
+        prepared_assign[name] = tf.convert_to_tensor(_dense(what, value, spec))
+    return PreparedUpdate(gradients=prepared_gradients, assign=prepared_assign)
+
+
+def _check_name(name, seen, what):
+    if not name:
+        raise PayloadError(f"{what}: every tensor needs a name. Received: name=''")
+    if name in seen:
+        raise PayloadError(f"{what}: each name may appear once. Received: {name!r} twice")
+
+
+def _spec_for(specs, name, seen, what):
+    _check_name(name, seen, what)
+    spec = specs.get(name)
+    if spec is None:
+        known = ", ".join(repr(n) for n in sorted(specs)[:_NAMES_IN_MESSAGES])
+        more = ", ..." if len(specs) > _NAMES_IN_MESSAGES else ""
+        raise PayloadError(
+            f"{what}: the name must be one of this shard's {len(specs)} variables "
+            f"({known}{more}). Received: name={name!r}"
+        )
+    return spec
+
+
+def _cast(what, array, spec):
+    if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
+        raise PayloadError(
+            f"{what}: the dtype must be castable to the variable's {spec.dtype.name}. "
+            f"Received: dtype={array.dtype.name}"
+        )
+    return np.asarray(array, dtype=spec.dtype)
+
+
+def _dense(what, array, spec):
+    if tuple(array.shape) != spec.shape:
+        raise PayloadError(
+            f"{what}: the shape must equal the variable's {list(spec.shape)}. "
+            f"Received: shape={list(array.shape)}"
+        )
+    return _cast(what, array, spec)
+
+
+def _sparse_gradient(what, value, spec):
+    if not spec.shape:
+        raise PayloadError(
+            f"{what}: sparse rows need a variable of rank 1 or more. Received: rows for a scalar"
+        )
+    rows, row_shape = spec.shape[0], spec.shape[1:]
+    if tuple(value.values.shape[1:]) != row_shape:
+        raise PayloadError(
+            f"{what}: each row must have the variable's row shape {list(row_shape)}. "
+            f"Received: rows of shape {list(value.values.shape[1:])}"
+        )
+    if value.dense_shape[0] not in (0, rows):
+        raise PayloadError(
+            f"{what}: dense_shape must be the variable's shape {list(spec.shape)}. "
+            f"Received: dense_shape={list(value.dense_shape)}"
+        )
+    if len(value.ids) and value.ids.max() >= rows:
+        raise PayloadError(
+            f"{what}: row ids must be below the variable's {rows} rows. "
+            f"Received: id {int(value.ids.max())}"
+        )
+    values = _cast(what, value.values, spec)
+    ids, values = _sum_repeated_ids(value.ids, values)
+    return tf.IndexedSlices(
+        tf.convert_to_tensor(values),
+        tf.convert_to_tensor(ids, tf.int64),
+        tf.constant(spec.shape, tf.int64),
+    )
+
+
+def _sum_repeated_ids(ids, values):
+    """One row per id: rows of a repeated id are added, as in the dense gradient.
+
+    Keras optimizers square and accumulate per row given, so a repeated id would otherwise
+    count twice in Adam's second moment.
+    """
+    unique, inverse = np.unique(ids, return_inverse=True)
+    if len(unique) == len(ids):
+        return ids, values
+    summed = np.zeros((len(unique), *values.shape[1:]), dtype=values.dtype)
+    np.add.at(summed, inverse, values)
+    return unique, summed

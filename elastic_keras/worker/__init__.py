@@ -1,0 +1,1 @@
+"""The worker: takes tasks from the master, trains against the parameter servers."""

@@ -1,0 +1,1 @@
+"""MNIST digit classifiers: one functional and one subclassed Keras model."""

@@ -1,0 +1,96 @@
+"""`Parameters` and `OptimizerApplier` without gRPC: snapshots, sparse rows, compiled apply."""
+
+import json
+
+import keras
+import ml_dtypes
+import numpy as np
+import pytest
+
+from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.ps import optimizer as optimizer_module
+from elastic_keras.ps.parameters import Parameters, Push
+
+RNG = np.random.default_rng(11)
+TABLE = RNG.standard_normal((20, 4)).astype(np.float32)
+KERNEL = RNG.standard_normal((4, 3)).astype(np.float32)
+
+
+def adam():
+    return json.dumps(keras.optimizers.serialize(keras.optimizers.Adam(learning_rate=0.01)))
+
+
+def shard(config=None):
+    parameters = Parameters()
+    parameters.init_model([("table", TABLE), ("kernel", KERNEL)], config or adam())
+    return parameters
+
+
+def rows(ids, width=4, seed=0):
+    values = np.random.default_rng(seed).standard_normal((len(ids), width)).astype(np.float32)
+    return Slices(values, np.asarray(ids, np.int64), (20, width))
+
+
+def test_pulled_arrays_are_snapshots_unchanged_by_later_pushes():
+    parameters = shard()
+    before = parameters.pull().dense
+    copies = {n: v.copy() for n, v in before.items()}
+    parameters.push(Push(0, 1, gradients=[("table", rows([2, 5])), ("kernel", KERNEL)]))
+    parameters.push(Push(0, 2, gradients=[("table", rows([2, 7], seed=1))]))
+    for name in copies:
+        np.testing.assert_array_equal(before[name], copies[name])
+    assert not np.array_equal(parameters.pull().dense["table"][2], copies["table"][2])
+
+
+def test_repeated_sparse_ids_count_as_their_sum():
+    repeated = rows([3, 3, 9])
+    summed = Slices(
+        np.stack([repeated.values[0] + repeated.values[1], repeated.values[2]]),
+        np.array([3, 9], np.int64), (20, 4),
+    )
+    with_repeats, with_sum = shard(), shard()
+    with_repeats.push(Push(0, 1, gradients=[("table", repeated)]))
+    with_sum.push(Push(0, 1, gradients=[("table", summed)]))
+    np.testing.assert_allclose(
+        with_repeats.pull().dense["table"], with_sum.pull().dense["table"], atol=1e-7
+    )
+
+
+def test_compiled_apply_equals_eager_apply_and_traces_once(monkeypatch):
+    pushes = [
+        Push(0, step, gradients=[("table", rows(ids, seed=step)),
+                                 ("kernel", KERNEL * step)])
+        for step, ids in enumerate([[1, 2], [4], [1, 5, 6, 19]], start=1)
+    ]
+    compiled = shard()
+    for push in pushes:
+        compiled.push(push)
+    monkeypatch.setattr(optimizer_module, "MAX_COMPILED_SIGNATURES", 0)
+    eager = shard()
+    for push in pushes:
+        eager.push(push)
+    for name, value in eager.pull().dense.items():
+        np.testing.assert_allclose(compiled.pull().dense[name], value, atol=1e-6)
+    assert compiled._model.applier.traces == 1
+    assert eager._model.applier.traces == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64])
+def test_gradients_of_other_float_dtypes_are_cast(dtype):
+    sgd = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(learning_rate=1.0)))
+    parameters = shard(sgd)
+    parameters.push(Push(0, 1, gradients=[("kernel", np.ones((4, 3), dtype))]))
+    np.testing.assert_allclose(parameters.pull().dense["kernel"], KERNEL - 1, rtol=1e-6)
+
+
+def test_a_push_with_no_gradients_still_counts_as_a_version():
+    parameters = shard()
+    assert parameters.push(Push(0, 1)).model_version == 1
+    np.testing.assert_array_equal(parameters.pull().dense["kernel"], KERNEL)
+
+
+def test_a_shard_may_hold_no_variables():
+    parameters = Parameters()
+    assert parameters.init_model([], adam()).initialized_now
+    assert parameters.push(Push(0, 1)).model_version == 1
+    assert parameters.pull().dense == {}

@@ -1,0 +1,202 @@
+"""`python -m elastic_keras.ps` as a real process, against a minimal master on 127.0.0.1."""
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from elastic_keras.common import rpc, tensor_codec
+from elastic_keras.common.config import PSConfig
+from elastic_keras.proto import master_pb2, master_pb2_grpc, pserver_pb2, pserver_pb2_grpc
+from elastic_keras.ps import main as ps_main
+
+START_TIMEOUT_S = 60
+
+
+class MinimalMaster(master_pb2_grpc.MasterServicer):
+    """Records registrations and versions; answers heartbeats with `finished`."""
+
+    def __init__(self):
+        self.registrations = queue.Queue()
+        self.finished = threading.Event()
+        self._versions = []
+        self._versions_changed = threading.Condition()
+
+    def RegisterPS(self, request, context):
+        self.registrations.put((request.ps_id, request.address))
+        return master_pb2.RegisterPSResponse()
+
+    def Heartbeat(self, request, context):
+        return master_pb2.HeartbeatResponse(job_finished=self.finished.is_set())
+
+    def ReportVersion(self, request, context):
+        with self._versions_changed:
+            self._versions.append(request.model_version)
+            self._versions_changed.notify_all()
+        return master_pb2.ReportVersionResponse()
+
+    def wait_for_version(self, version, timeout_s):
+        with self._versions_changed:
+            return self._versions_changed.wait_for(lambda: version in self._versions, timeout_s)
+
+
+def serve(servicer, port=0):
+    server, port = rpc.create_server(
+        [lambda s: master_pb2_grpc.add_MasterServicer_to_server(servicer, s)], port=port
+    )
+    servicer.server, servicer.address = server, f"127.0.0.1:{port}"
+    return servicer
+
+
+@pytest.fixture
+def master():
+    servicer = serve(MinimalMaster())
+    yield servicer
+    servicer.server.stop(0)
+
+
+@pytest.fixture
+def start_ps(tmp_path):
+    """Starts `python -m elastic_keras.ps` against a master; kills what is left at the end."""
+    started = []
+
+    def start(master_address):
+        log = open(tmp_path / f"ps{len(started)}.log", "w+")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "elastic_keras.ps", "--ps-id", "0", "--num-ps", "1",
+             "--master-addr", master_address, "--job-name", "ps-test"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        process.log = log
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.log.close()
+
+
+def output(process):
+    process.log.seek(0)
+    return process.log.read()
+
+
+def registered_address(master, process):
+    try:
+        ps_id, address = master.registrations.get(timeout=START_TIMEOUT_S)
+    except queue.Empty:
+        pytest.fail(f"the PS never registered; its output:\n{output(process)}")
+    assert ps_id == 0
+    return address
+
+
+def wait_exit(process, timeout_s):
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the PS still runs after {timeout_s} s; its output:\n{output(process)}")
+
+
+@pytest.mark.slow
+def test_ps_registers_serves_reports_its_version_and_exits_when_job_finishes(master, start_ps):
+    process = start_ps(master.address)
+    address = registered_address(master, process)
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+
+    channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
+    stub = pserver_pb2_grpc.PServerStub(channel)
+    assert not stub.PullDense(pserver_pb2.PullDenseRequest(known_version=-1)).initialized
+    sgd = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(1.0)))
+    stub.InitModel(pserver_pb2.InitModelRequest(
+        dense=[tensor_codec.encode("w", np.zeros(2, np.float32))], optimizer_config=sgd))
+    pushed = stub.PushGradients(pserver_pb2.PushGradientsRequest(
+        worker_id=0, sequence=1, gradients=[tensor_codec.encode("w", np.ones(2, np.float32))]))
+    assert pushed.model_version == 1
+    channel.close()
+    assert master.wait_for_version(1, timeout_s=10), output(process)
+
+    master.finished.set()
+    assert wait_exit(process, 15) == 0, output(process)
+
+
+@pytest.mark.slow
+def test_ps_exits_zero_on_sigterm(master, start_ps):
+    process = start_ps(master.address)
+    registered_address(master, process)
+    process.send_signal(signal.SIGTERM)
+    assert wait_exit(process, 15) == 0, output(process)
+    assert "Stopping on signal" in output(process)
+
+
+@pytest.mark.slow
+def test_ps_exits_nonzero_when_the_master_is_gone(master, start_ps):
+    process = start_ps(master.address)
+    registered_address(master, process)
+    master.server.stop(0)
+    gone_at = time.monotonic()
+    code = wait_exit(process, ps_main.MASTER_LOST_S + 15)
+    assert code == ps_main.EXIT_MASTER_LOST != 0, output(process)
+    assert time.monotonic() - gone_at >= ps_main.MASTER_LOST_S - ps_main.HEARTBEAT_INTERVAL_S - 1
+    assert "it is gone" in output(process)
+
+
+@pytest.fixture
+def quick_master_checks(monkeypatch):
+    """Shrinks the process's master timings so `run` can be tested in-process quickly."""
+    monkeypatch.setattr(ps_main, "MASTER_LOST_S", 3.0)
+    # Not lower: gRPC cuts service-config deadlines by about 1 s (grpc/grpc#34547), so one
+    # under 1.5 s fails at once.
+    monkeypatch.setattr(ps_main, "MASTER_CALL_DEADLINE_S", 2.0)
+    monkeypatch.setattr(ps_main, "HEARTBEAT_INTERVAL_S", 0.1)
+
+
+def in_process_config(master):
+    return PSConfig(ps_id=0, num_ps=1, master_addr=master.address)
+
+
+def test_run_gives_up_when_no_master_ever_answers(master, quick_master_checks, caplog):
+    master.server.stop(0)
+    started = time.monotonic()
+    assert ps_main.run(in_process_config(master), threading.Event()) == ps_main.EXIT_MASTER_LOST
+    assert 3.0 <= time.monotonic() - started < 6.0
+    assert "it is gone" in caplog.text
+
+
+def test_run_re_registers_with_a_restarted_master_and_stops_when_told(
+    master, quick_master_checks
+):
+    stop = threading.Event()
+    result = []
+    thread = threading.Thread(
+        target=lambda: result.append(ps_main.run(in_process_config(master), stop))
+    )
+    thread.start()
+    address = master.registrations.get(timeout=10)[1]
+    master.server.stop(0).wait()
+    restarted = serve(MinimalMaster(), port=int(master.address.rsplit(":", 1)[1]))
+    try:
+        assert restarted.registrations.get(timeout=10)[1] == address
+        restarted.finished.set()
+        thread.join(timeout=10)
+        assert result == [0]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        restarted.server.stop(0)
+
+
+def test_bad_flags_exit_with_status_2():
+    with pytest.raises(SystemExit) as info:
+        ps_main.main(["--ps-id", "3", "--num-ps", "2", "--master-addr", "127.0.0.1:1"])
+    assert info.value.code == 2
