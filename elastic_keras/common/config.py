@@ -100,6 +100,10 @@ class JobConfig:
         "", help="Where record-file indexes go when the data directory is read-only "
         "(default: ~/.cache/elastic_keras/index)."
     )
+    embedding_threshold_params: int = _flag(
+        1_000_000, help="A plain keras.layers.Embedding with more parameters than this is "
+        "served row by row from the parameter servers instead of as a dense variable."
+    )
     host: str = _flag("127.0.0.1", help="Address the master and parameter servers bind to.")
     port: int = _flag(0, help="Master port; 0 picks a free one.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
@@ -109,7 +113,7 @@ class JobConfig:
             self, "num_workers", "num_ps", "minibatch_size", "num_minibatches_per_task",
             "num_epochs", "progress_report_minibatches",
         )
-        _check_non_negative(self, "max_task_retries", "port")
+        _check_non_negative(self, "max_task_retries", "port", "embedding_threshold_params")
         _check_choice(self, "log_level", LOG_LEVELS)
         for name in ("model_def", "training_data"):
             if not getattr(self, name).strip():
@@ -139,6 +143,7 @@ class JobConfig:
             num_ps=self.num_ps,
             progress_report_minibatches=self.progress_report_minibatches,
             index_cache_dir=self.index_cache_dir,
+            embedding_threshold_params=self.embedding_threshold_params,
             job_name=self.job_name,
             log_level=self.log_level,
         )
@@ -178,11 +183,14 @@ class WorkerConfig:
     num_ps: int = _flag(1, help="Number of parameter-server shards.")
     progress_report_minibatches: int = _flag(4, help="Report progress every this many minibatches.")
     index_cache_dir: str = _flag("", help="Where record-file indexes go for read-only data.")
+    embedding_threshold_params: int = _flag(
+        1_000_000, help="Plain Keras Embeddings larger than this are served from the PS."
+    )
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 
     def __post_init__(self):
-        _check_non_negative(self, "worker_id")
+        _check_non_negative(self, "worker_id", "embedding_threshold_params")
         _check_positive(self, "minibatch_size", "num_ps", "progress_report_minibatches")
         _check_choice(self, "log_level", LOG_LEVELS)
 

@@ -35,7 +35,8 @@ _FROM_WIRE = {wire: dtype.newbyteorder("<") for dtype, wire in _TO_WIRE.items()}
 class Slices(NamedTuple):
     """Rows of a sparse tensor: `values[i]` is row `ids[i]` of a tensor of `dense_shape`.
 
-    `dense_shape[0]` is 0 for a table without a bound on its ids.
+    `dense_shape[0]` is 0 for a table without a bound on its ids; its ids may then be any
+    int64, negative ones included.
     """
 
     values: np.ndarray
@@ -101,7 +102,7 @@ def encode_slices(name, values, ids, dense_shape):
         dtype=wire_dtype(values.dtype),
         shape=values.shape,
         content=_raw(values),
-        ids=ids.tolist(),
+        ids=ids.astype("<i8", copy=False).tobytes(),
         dense_shape=[int(d) for d in dense_shape],
     )
 
@@ -132,18 +133,20 @@ def decode(tensor):
         f"{len(tensor.content)} bytes",
     )
     array = np.frombuffer(tensor.content, dtype=dtype).reshape(shape)
-    if not tensor.ids and not tensor.dense_shape:
+    if not tensor.dense_shape:
+        _check(not tensor.ids, tensor, "ids need a dense_shape", f"{len(tensor.ids)} id bytes")
         return array
-    ids = np.asarray(tensor.ids, dtype=np.int64)
+    _check(len(tensor.ids) % 8 == 0, tensor, "ids must be whole int64 values",
+           f"{len(tensor.ids)} bytes")
+    ids = np.frombuffer(tensor.ids, dtype="<i8")
     dense_shape = tuple(tensor.dense_shape)
     _check(len(shape) >= 1 and shape[0] == len(ids), tensor,
            "a sparse tensor needs one id per row", f"{len(ids)} ids for shape {shape}")
     _check(len(dense_shape) == len(shape) and dense_shape[1:] == shape[1:], tensor,
            f"dense_shape must be [rows, {', '.join(map(str, shape[1:]))}]",
            f"dense_shape={dense_shape}")
-    if len(ids):
+    if len(ids) and dense_shape[0] > 0:
         _check(ids.min() >= 0, tensor, "ids must be >= 0", f"min id {ids.min()}")
-        if dense_shape[0] > 0:
-            _check(ids.max() < dense_shape[0], tensor, f"ids must be < {dense_shape[0]}",
-                   f"max id {ids.max()}")
+        _check(ids.max() < dense_shape[0], tensor, f"ids must be < {dense_shape[0]}",
+               f"max id {ids.max()}")
     return Slices(array, ids, dense_shape)

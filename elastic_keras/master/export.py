@@ -6,10 +6,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_keras.common.embedding_init import initial_rows
 from elastic_keras.common.errors import PSError
 from elastic_keras.common.model_spec import Mode
 from elastic_keras.common.model_variables import named_variables
 from elastic_keras.data.reader import open_reader
+from elastic_keras.layers.tables import load_table_rows, ps_tables
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +28,12 @@ def sample_features(spec, shard_path, index_cache_dir="", num_records=2):
     return element[0] if isinstance(element, tuple) else element
 
 
-def export_saved_model(spec, ps_client, features, path):
+def export_saved_model(spec, ps_client, features, path, embedding_threshold_params):
     """Builds the model, loads the PS's values into it and writes `model.export(path)`.
+
+    Embedding tables become plain TensorFlow: a bounded table an ordinary weight (ids never
+    looked up during training get their initial rows), an unbounded one a hash-table lookup
+    of the trained rows with a zero row for unseen ids.
 
     Raises:
         PSError: the PS's variables do not match the model's.
@@ -35,8 +41,10 @@ def export_saved_model(spec, ps_client, features, path):
     keras.utils.clear_session()  # the same auto-generated names as in a fresh worker
     model = spec.custom_model()
     model(features, training=False)
+    tables = ps_tables(model, embedding_threshold_params)
+    replaced = {id(v) for table in tables for v in table.replaced_variables}
     initialized, _, values = ps_client.pull_dense()
-    variables = named_variables(model)
+    variables = {n: v for n, v in named_variables(model).items() if id(v) not in replaced}
     missing = sorted(set(variables) - set(values))
     if not initialized or missing:
         raise PSError(
@@ -51,6 +59,25 @@ def export_saved_model(spec, ps_client, features, path):
                 f"parameter servers hold shape {tuple(value.shape)}."
             )
         variable.assign(np.asarray(value, dtype=variable.dtype))
+    for table in tables:
+        ids, rows, trained = _table_rows(ps_client, table)
+        load_table_rows(table, ids, rows)
+        logger.info("Table %s: %d rows exported, %d of them looked up in training",
+                    table.name, len(ids), trained)
     model.export(path, verbose=False)
     logger.info("Exported the trained model to %s", path)
     return model
+
+
+def _table_rows(ps_client, table):
+    """Every row the shards hold; for a bounded table, also the initial rows of the rest."""
+    ids, rows = ps_client.pull_table(table.name)
+    if rows is None:
+        rows = np.zeros((0, table.dim), table.dtype)
+    trained = len(ids)
+    if table.input_dim:
+        missing = np.setdiff1d(np.arange(table.input_dim, dtype=np.int64), ids)
+        fresh = initial_rows(table.name, missing, table.dim, table.initializer_config,
+                             table.input_dim, np.dtype(table.dtype))
+        ids, rows = np.concatenate([ids, missing]), np.concatenate([rows, fresh])
+    return ids, rows, trained

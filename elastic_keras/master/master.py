@@ -248,7 +248,8 @@ class Master:
             features = sample_features(self.spec, self._shards[0].path,
                                        self.config.index_cache_dir)
             path = os.path.join(self.config.output, "saved_model")
-            export_saved_model(self.spec, client, features, path)
+            export_saved_model(self.spec, client, features, path,
+                               self.config.embedding_threshold_params)
         finally:
             client.close()
 

@@ -7,13 +7,29 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EmbeddingTableSpec(_message.Message):
+    __slots__ = ("name", "dim", "input_dim", "initializer", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    INPUT_DIM_FIELD_NUMBER: _ClassVar[int]
+    INITIALIZER_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    input_dim: int
+    initializer: str
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., input_dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+
 class InitModelRequest(_message.Message):
-    __slots__ = ("dense", "optimizer_config")
+    __slots__ = ("dense", "optimizer_config", "embedding_tables")
     DENSE_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_TABLES_FIELD_NUMBER: _ClassVar[int]
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     optimizer_config: str
-    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., optimizer_config: _Optional[str] = ...) -> None: ...
+    embedding_tables: _containers.RepeatedCompositeFieldContainer[EmbeddingTableSpec]
+    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., optimizer_config: _Optional[str] = ..., embedding_tables: _Optional[_Iterable[_Union[EmbeddingTableSpec, _Mapping]]] = ...) -> None: ...
 
 class InitModelResponse(_message.Message):
     __slots__ = ("initialized_now", "model_version")
@@ -38,6 +54,34 @@ class PullDenseResponse(_message.Message):
     model_version: int
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class PullEmbeddingRequest(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, ids: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class PullEmbeddingResponse(_message.Message):
+    __slots__ = ("rows", "model_version")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    model_version: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class PullTableRequest(_message.Message):
+    __slots__ = ("table", "rows_per_chunk")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    rows_per_chunk: int
+    def __init__(self, table: _Optional[str] = ..., rows_per_chunk: _Optional[int] = ...) -> None: ...
+
+class PullTableResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _tensor_pb2.Tensor
+    def __init__(self, rows: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
     __slots__ = ("worker_id", "sequence", "model_version", "gradients", "assign")

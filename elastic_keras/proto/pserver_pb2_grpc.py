@@ -49,6 +49,16 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
                 _registered_method=True)
+        self.PullEmbedding = channel.unary_unary(
+                '/elastic_keras.PServer/PullEmbedding',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingResponse.FromString,
+                _registered_method=True)
+        self.PullTable = channel.unary_stream(
+                '/elastic_keras.PServer/PullTable',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -72,6 +82,18 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullEmbedding(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullTable(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +111,16 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.PushGradients,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsRequest.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.SerializeToString,
+            ),
+            'PullEmbedding': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullEmbedding,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingResponse.SerializeToString,
+            ),
+            'PullTable': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullTable,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +204,60 @@ class PServer:
             '/elastic_keras.PServer/PushGradients',
             elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsRequest.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullEmbedding(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_keras.PServer/PullEmbedding',
+            elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elastic_keras.PServer/PullTable',
+            elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.FromString,
             options,
             channel_credentials,
             insecure,

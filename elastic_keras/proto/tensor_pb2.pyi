@@ -36,6 +36,6 @@ class Tensor(_message.Message):
     dtype: DataType
     shape: _containers.RepeatedScalarFieldContainer[int]
     content: bytes
-    ids: _containers.RepeatedScalarFieldContainer[int]
+    ids: bytes
     dense_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., content: _Optional[bytes] = ..., ids: _Optional[_Iterable[int]] = ..., dense_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., content: _Optional[bytes] = ..., ids: _Optional[bytes] = ..., dense_shape: _Optional[_Iterable[int]] = ...) -> None: ...

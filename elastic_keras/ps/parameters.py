@@ -22,10 +22,15 @@ Example:
 import dataclasses
 import threading
 
+import numpy as np
 import tensorflow as tf
 
-from elastic_keras.common.errors import NotReadyError
+from elastic_keras.common.embedding_init import check_initializer
+from elastic_keras.common.errors import ModelSpecError, NotReadyError, PayloadError
+from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.ps.embedding_table import EmbeddingTable
 from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config
+from elastic_keras.ps.sparse_optimizers import from_keras_config as sparse_optimizer_from_config
 from elastic_keras.ps.updates import VariableSpec, check_initial_values, prepare_update
 
 DUPLICATE = "duplicate"
@@ -74,12 +79,25 @@ class PullResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """An embedding table this shard holds part of (rows whose ids hash to it)."""
+
+    name: str
+    dim: int
+    input_dim: int = 0
+    initializer: str = "uniform"
+    dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
 class _Model:
-    """What InitModel creates; fixed once published (only the variables' values change)."""
+    """What InitModel creates; fixed once published (only the values change)."""
 
     variables: dict
     specs: dict
     applier: OptimizerApplier
+    tables: dict
+    sparse_optimizer: object
 
 
 class Parameters:
@@ -103,7 +121,7 @@ class Parameters:
     def version(self):
         return self._version
 
-    def init_model(self, dense, optimizer_config):
+    def init_model(self, dense, optimizer_config, tables=()):
         """Initialises the shard at version 0, unless it already holds a model.
 
         Of several concurrent calls exactly one initialises; the others keep its model.
@@ -113,6 +131,8 @@ class Parameters:
             optimizer_config: the JSON of `keras.optimizers.serialize(optimizer)`. Every
                 floating-point variable gets the optimizer's slots, since the payload does
                 not say which variables are trainable.
+            tables: `TableConfig`s of the model's embedding tables; their rows are created
+                on first lookup and updated by the optimizer's sparse counterpart.
 
         Returns:
             An `InitResult`.
@@ -123,15 +143,28 @@ class Parameters:
         """
         values = check_initial_values(dense)
         optimizer = optimizer_from_config(optimizer_config)
+        tables = _check_tables(tables, values)
+        sparse_optimizer = sparse_optimizer_from_config(optimizer_config) if tables else None
         with self._lock:
             if self._model is not None:
                 return InitResult(initialized_now=False, model_version=self._version)
             variables = {name: tf.Variable(value, name=name) for name, value in values.items()}
             trainable = {n: v for n, v in variables.items() if v.dtype.is_floating}
+            slot_names = sparse_optimizer.slot_names if sparse_optimizer else ()
             self._model = _Model(
                 variables=variables,
                 specs={name: VariableSpec.of(v) for name, v in variables.items()},
                 applier=OptimizerApplier(optimizer, trainable),
+                tables={
+                    t.name: EmbeddingTable(
+                        t.name, t.dim, t.initializer, t.input_dim, np.dtype(t.dtype),
+                        slot_names=slot_names,
+                        slot_initial_values={n: sparse_optimizer.slot_initial_value(n)
+                                             for n in slot_names},
+                    )
+                    for t in tables
+                },
+                sparse_optimizer=sparse_optimizer,
             )
             self._version = 0
             return InitResult(initialized_now=True, model_version=0)
@@ -174,14 +207,105 @@ class Parameters:
                 "PushGradients needs an initialised shard: InitModel must come first. "
                 f"Received: a push from worker {push.worker_id} before InitModel"
             )
-        update = prepare_update(model.specs, push.gradients, push.assign)
+        dense = tuple((n, g) for n, g in push.gradients if n not in model.tables)
+        rows = {n: _check_rows(model.tables[n], g) for n, g in push.gradients
+                if n in model.tables}
+        update = prepare_update(model.specs, dense, push.assign)
         with self._lock:
             last = self._applied_sequence.get(push.worker_id)
             if last is not None and push.sequence <= last:
                 return PushResult(accepted=True, model_version=self._version, reason=DUPLICATE)
             model.applier.apply(update.gradients)
+            for name, (ids, grads) in rows.items():
+                model.tables[name].apply(ids, grads, model.sparse_optimizer, self._version + 1)
             for name, value in update.assign.items():
                 model.variables[name].assign(value)
             self._applied_sequence[push.worker_id] = push.sequence
             self._version += 1
             return PushResult(accepted=True, model_version=self._version)
+
+    def _require_model(self, what):
+        model = self._model
+        if model is None:
+            raise NotReadyError(f"{what} needs an initialised shard: InitModel must come first.")
+        return model
+
+    def _table(self, model, name, what):
+        table = model.tables.get(name)
+        if table is None:
+            raise PayloadError(
+                f"{what}: this shard holds no embedding table {name!r}; it holds "
+                f"{sorted(model.tables) or 'none'}. Received: table={name!r}"
+            )
+        return table
+
+    def pull_embeddings(self, ids_by_table):
+        """Rows of embedding tables, `{table: ids}` -> `{table: [len(ids), dim] rows}`.
+
+        Rows looked up for the first time are created with the table's initializer, the same
+        on any shard and after any restart.
+
+        Raises:
+            NotReadyError: before InitModel. PayloadError: an unknown table or bad ids.
+        """
+        model = self._require_model("PullEmbedding")
+        tables = [(self._table(model, name, "PullEmbedding"), np.asarray(ids))
+                  for name, ids in ids_by_table]
+        for table, ids in tables:
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                raise PayloadError(
+                    f"PullEmbedding {table.name!r}: ids must be a 1-D integer tensor. "
+                    f"Received: dtype={ids.dtype.name}, shape={list(ids.shape)}"
+                )
+        with self._lock:
+            return {table.name: table.rows(ids) for table, ids in tables}, self._version
+
+    def table_rows(self, name, chunk_rows):
+        """Every row of table `name` this shard holds, as `(ids, rows)` chunks."""
+        model = self._require_model("PullTable")
+        table = self._table(model, name, "PullTable")
+        with self._lock:
+            chunks = [(np.array(ids), np.array(rows)) for ids, rows in table.export(chunk_rows)]
+        return chunks
+
+
+def _check_tables(tables, dense_values):
+    checked = []
+    for table in tables:
+        what = f"Embedding table {table.name!r}"
+        if not table.name or table.name in dense_values:
+            raise PayloadError(f"{what}: needs a name unlike any dense variable's. "
+                               f"Received: name={table.name!r}")
+        if table.dim < 1 or table.input_dim < 0:
+            raise PayloadError(f"{what}: dim must be >= 1 and input_dim >= 0. "
+                               f"Received: dim={table.dim}, input_dim={table.input_dim}")
+        if np.dtype(table.dtype or "float32").kind != "f":
+            raise PayloadError(f"{what}: rows must be floating point. "
+                               f"Received: dtype={table.dtype!r}")
+        try:
+            check_initializer(table.initializer or "uniform", table.input_dim)
+        except ModelSpecError as exc:
+            raise PayloadError(f"{what}: {exc}") from exc
+        checked.append(table)
+    names = [t.name for t in checked]
+    if len(set(names)) != len(names):
+        raise PayloadError(f"Embedding table names must be unique. Received: {names}")
+    return checked
+
+
+def _check_rows(table, value):
+    """(ids, grads) of a push's rows for `table`, checked before anything changes."""
+    what = f"Gradient of table {table.name!r}"
+    if not isinstance(value, Slices):
+        raise PayloadError(f"{what}: must be sparse rows with ids. Received: a dense tensor")
+    ids, grads = value.ids, value.values
+    if grads.ndim != 2 or grads.shape[1] != table.dim:
+        raise PayloadError(f"{what}: rows must have shape [n, {table.dim}]. "
+                           f"Received: shape={list(grads.shape)}")
+    if grads.dtype.kind != "f":
+        raise PayloadError(f"{what}: rows must be floating point. "
+                           f"Received: dtype={grads.dtype.name}")
+    if table.input_dim and len(ids) and (ids.min() < 0 or ids.max() >= table.input_dim):
+        raise PayloadError(f"{what}: ids must be in [0, {table.input_dim}). "
+                           f"Received: ids from {ids.min()} to {ids.max()}")
+    return ids, grads

@@ -18,7 +18,7 @@ import grpc
 from elastic_keras.common import tensor_codec
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
-from elastic_keras.ps.parameters import Push
+from elastic_keras.ps.parameters import Push, TableConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
     def InitModel(self, request, context):
         with _abort_on_domain_errors(context, "InitModel"):
             result = self._parameters.init_model(
-                _decode_all(request.dense), request.optimizer_config
+                _decode_all(request.dense), request.optimizer_config,
+                [TableConfig(t.name, t.dim, t.input_dim, t.initializer or "uniform",
+                             t.dtype or "float32") for t in request.embedding_tables],
             )
         return pserver_pb2.InitModelResponse(
             initialized_now=result.initialized_now, model_version=result.model_version
@@ -76,3 +78,19 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         return pserver_pb2.PushGradientsResponse(
             accepted=result.accepted, model_version=result.model_version, reason=result.reason
         )
+
+    def PullEmbedding(self, request, context):
+        with _abort_on_domain_errors(context, "PullEmbedding"):
+            rows, version = self._parameters.pull_embeddings(_decode_all(request.ids))
+        return pserver_pb2.PullEmbeddingResponse(
+            rows=[tensor_codec.encode(name, value) for name, value in rows.items()],
+            model_version=version,
+        )
+
+    def PullTable(self, request, context):
+        with _abort_on_domain_errors(context, "PullTable"):
+            chunks = self._parameters.table_rows(request.table, request.rows_per_chunk or 65536)
+        for ids, rows in chunks:
+            yield pserver_pb2.PullTableResponse(
+                rows=tensor_codec.encode_slices(request.table, rows, ids, (0, rows.shape[1]))
+            )

@@ -17,6 +17,11 @@ import tensorflow as tf
 from elastic_keras.common.errors import NotReadyError, PSError
 from elastic_keras.common.metrics import build_metrics, to_states
 from elastic_keras.common.model_variables import split_trainable
+from elastic_keras.layers.lookup_context import (
+    LookupContext, lookup_context, merge_row_gradients,
+)
+from elastic_keras.layers.tables import ps_tables
+from elastic_keras.proto import pserver_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -24,19 +29,28 @@ logger = logging.getLogger(__name__)
 class Trainer:
     """Trains the module's model against the parameter servers.
 
+    Embedding tables (see `elastic_keras.layers.tables.ps_tables`) never live in the worker:
+    their layers look up the rows a minibatch touches through a `LookupContext` whose lookup
+    function pulls them from the shards, and the gradients of those rows go back as rows.
+
     Args:
         spec: the loaded `ModelSpec`.
         ps_client: a `PSClient` for every shard.
         worker_id: this worker's id, sent with each push.
+        embedding_threshold_params: plain Keras Embeddings larger than this are served from
+            the parameter servers.
     """
 
-    def __init__(self, spec, ps_client, worker_id):
+    def __init__(self, spec, ps_client, worker_id, embedding_threshold_params):
         self._spec = spec
         self._ps = ps_client
         self._worker_id = worker_id
+        self._threshold = embedding_threshold_params
         self._model = None
         self._trainable = {}
         self._fixed = {}
+        self._tables = []
+        self._looked_up = []  # (table, ...) of each lookup of the traced step, in order
         self._versions = None
         # Push sequence numbers only grow, across restarts too: a relaunched worker with the
         # same id must not have its pushes taken for retries of its predecessor's.
@@ -56,15 +70,33 @@ class Trainer:
         model = self._spec.custom_model()
         model(features, training=False)  # builds every variable
         self._model = model
-        self._trainable, self._fixed = split_trainable(model)
+        self._tables = ps_tables(model, self._threshold)
+        replaced = {id(v) for table in self._tables for v in table.replaced_variables}
+        trainable, fixed = split_trainable(model)
+        self._trainable = {n: v for n, v in trainable.items() if id(v) not in replaced}
+        self._fixed = {n: v for n, v in fixed.items() if id(v) not in replaced}
         initial = {n: v.numpy() for n, v in {**self._trainable, **self._fixed}.items()}
         optimizer_config = json.dumps(keras.optimizers.serialize(self._spec.optimizer()))
-        self._ps.init_model(initial, optimizer_config)
+        self._ps.init_model(initial, optimizer_config, [
+            pserver_pb2.EmbeddingTableSpec(
+                name=t.name, dim=t.dim, input_dim=t.input_dim, dtype=t.dtype,
+                initializer=json.dumps(t.initializer_config),
+            )
+            for t in self._tables
+        ])
         self._train_step = _compile(self._train_step_fn, "training step")
         self._forward = _compile(self._forward_fn, "forward pass")
-        logger.info("Model built: %d trainable and %d other variables, %d parameters",
-                    len(self._trainable), len(self._fixed),
-                    sum(int(np.prod(v.shape)) for v in self._model.weights))
+        logger.info(
+            "Model built: %d trainable and %d other dense variables (%d parameters); "
+            "embedding tables on the parameter servers: %s",
+            len(self._trainable), len(self._fixed),
+            sum(int(np.prod(v.shape)) for v in {**self._trainable, **self._fixed}.values()),
+            ", ".join(f"{t.name} (dim {t.dim})" for t in self._tables) or "none",
+        )
+
+    def _lookup_rows(self, table, ids):
+        """Rows of `table` for unique `ids`, from the shards (called inside the step)."""
+        return self._ps.pull_embeddings({table: ids})[table]
 
     def _pull(self):
         initialized, versions, values = self._ps.pull_dense(self._versions)
@@ -82,28 +114,37 @@ class Trainer:
 
     def _train_step_fn(self, features, labels):
         with tf.GradientTape() as tape:
-            predictions = self._model(features, training=True)
-            loss = tf.reduce_mean(self._spec.loss(labels, predictions))
-            if self._model.losses:
-                loss += tf.add_n(self._model.losses)
-        grads = tape.gradient(loss, list(self._trainable.values()))
-        return loss, grads
+            context = LookupContext(self._lookup_rows, tape)
+            with lookup_context(context):
+                predictions = self._model(features, training=True)
+                loss = tf.reduce_mean(self._spec.loss(labels, predictions))
+                if self._model.losses:
+                    loss += tf.add_n(self._model.losses)
+        dense = list(self._trainable.values())
+        grads = tape.gradient(loss, dense + [r.rows for r in context.records])
+        self._looked_up = [r.table for r in context.records]  # at trace time: static
+        return (loss, grads[:len(dense)], [r.unique_ids for r in context.records],
+                grads[len(dense):])
 
     def _forward_fn(self, features):
-        return self._model(features, training=False)
+        with lookup_context(LookupContext(self._lookup_rows)):
+            return self._model(features, training=False)
 
     def train_minibatch(self, features, labels):
         """Pulls, computes gradients, pushes; returns the minibatch's loss."""
         self._ensure_model(features)
         self._pull()
-        loss, grads = self._train_step(features, labels)
+        loss, grads, ids, row_grads = self._train_step(features, labels)
         gradients = {
             name: grad for name, grad in zip(self._trainable, grads) if grad is not None
         }
+        embedding_grads = merge_row_gradients(
+            [(table, i.numpy()) for table, i in zip(self._looked_up, ids)], row_grads
+        )
         self._sequence += 1
         responses = self._ps.push_gradients(
             self._worker_id, self._sequence, self._versions, gradients,
-            {name: v.numpy() for name, v in self._fixed.items()},
+            {name: v.numpy() for name, v in self._fixed.items()}, embedding_grads,
         )
         rejected = [r.reason for r in responses if not r.accepted]
         if rejected:

@@ -38,14 +38,19 @@ def test_tf_tensor_and_variable_and_big_endian_input():
     np.testing.assert_array_equal(tensor_codec.decode(wire), big)
 
 
-def test_unbounded_table_rows():
-    wire = tensor_codec.encode_slices("t", np.ones((1, 2), np.float32), [2**40], (0, 2))
-    assert tensor_codec.decode(wire).ids.tolist() == [2**40]
+def test_unbounded_table_rows_take_any_int64_id():
+    ids = [2**40, -7, 2**63 - 1]
+    wire = tensor_codec.encode_slices("t", np.ones((3, 2), np.float32), ids, (0, 2))
+    assert tensor_codec.decode(wire).ids.tolist() == ids
 
 
 def test_unsupported_dtype_is_named():
     with pytest.raises(PayloadError, match="Received: dtype=complex64"):
         tensor_codec.encode("c", np.zeros(2, np.complex64))
+
+
+def _ids(*ids):
+    return np.array(ids, dtype="<i8").tobytes()
 
 
 def _tensor(**fields):
@@ -62,10 +67,12 @@ def _tensor(**fields):
         (dict(content=b"\0" * 17), "Received: 17 bytes"),
         (dict(dtype=99), "unknown dtype"),
         (dict(shape=[-1, 2]), "dimensions must be >= 0"),
-        (dict(ids=[0], dense_shape=[5, 2]), "one id per row"),
-        (dict(ids=[0, 1], dense_shape=[5, 3]), "dense_shape must be"),
-        (dict(ids=[0, 5], dense_shape=[5, 2]), "ids must be < 5"),
-        (dict(ids=[0, -1], dense_shape=[5, 2]), "ids must be >= 0"),
+        (dict(ids=_ids(0), dense_shape=[5, 2]), "one id per row"),
+        (dict(ids=_ids(0, 1), dense_shape=[5, 3]), "dense_shape must be"),
+        (dict(ids=_ids(0, 5), dense_shape=[5, 2]), "ids must be < 5"),
+        (dict(ids=_ids(0, -1), dense_shape=[5, 2]), "ids must be >= 0"),
+        (dict(ids=b"\0" * 12, dense_shape=[5, 2]), "whole int64 values"),
+        (dict(ids=_ids(0, 1)), "ids need a dense_shape"),
     ],
 )
 def test_bad_payloads_are_rejected(fields, message):

@@ -2,6 +2,7 @@ import gzip
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -30,3 +31,83 @@ def mnist_records(shared_data, tmp_path_factory):
                      "--holdout-every", "5", "--shuffle", "--num-shards", "4")
     assert result.returncode == 0, result.stderr
     return out / "records"
+
+
+def start_cli(*args, log_path, cwd=ROOT, env=None):
+    """Starts `python -m elastic_keras ARGS` without waiting; its stderr and stdout go to
+    `log_path` (a file, so a chatty job never blocks on a full pipe)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "elastic_keras", *map(str, args)],
+            cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+
+
+def job_processes(job_name):
+    """{pid: command line} of the live processes whose command line names `job_name`
+    (pass a name unique to the test). Zombies are left out: they no longer run."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:  # it ended while we looked
+            continue
+        if state != "Z" and job_name in argv:
+            found[int(entry)] = " ".join(argv).strip()
+    return found
+
+
+def wait_for(condition, timeout_s, what):
+    """Polls `condition()` until it returns something true; fails naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def digits_records(tmp_path_factory):
+    """scikit-learn's digits as TFRecord shards: 360 rows held out in test/ (2 files), the
+    other 1,437 shuffled into train/ (2 files)."""
+    out = tmp_path_factory.mktemp("digits") / "records"
+    result = run_cli("data", "sklearn:digits", "--output", out, "--holdout-every", 5,
+                     "--shuffle", "--num-shards", 2)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def digits_csv(tmp_path_factory):
+    """scikit-learn's digits as CSV files with a header (image_0 .. image_63, label):
+    360 rows in test/, 1,437 in train/."""
+    out = tmp_path_factory.mktemp("digits_csv") / "records"
+    result = run_cli("data", "sklearn:digits", "--format", "csv", "--output", out,
+                     "--holdout-every", 5, "--shuffle")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def read_examples(records_dir, num_pixels):
+    """(images as float32 [n, num_pixels] of raw pixel values, int64 labels) of every
+    `tf.train.Example` in the TFRecord files of `records_dir`."""
+    import tensorflow as tf
+
+    files = sorted(str(p) for p in records_dir.glob("*.tfrecord"))
+    spec = {"image": tf.io.FixedLenFeature([num_pixels], tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+    images, labels = [], []
+    for batch in tf.data.TFRecordDataset(files).batch(1024):
+        parsed = tf.io.parse_example(batch, spec)
+        images.append(parsed["image"].numpy().astype(np.float32))
+        labels.append(parsed["label"].numpy())
+    return np.concatenate(images), np.concatenate(labels)

@@ -169,13 +169,15 @@ def test_run_gives_up_when_no_master_ever_answers(master, quick_master_checks, c
     master.server.stop(0)
     started = time.monotonic()
     assert ps_main.run(in_process_config(master), threading.Event()) == ps_main.EXIT_MASTER_LOST
-    assert 3.0 <= time.monotonic() - started < 6.0
+    assert 3.0 <= time.monotonic() - started < 15.0
     assert "it is gone" in caplog.text
 
 
 def test_run_re_registers_with_a_restarted_master_and_stops_when_told(
-    master, quick_master_checks
+    master, quick_master_checks, monkeypatch
 ):
+    # Long enough that a loaded machine restarts the master before the PS gives up on it.
+    monkeypatch.setattr(ps_main, "MASTER_LOST_S", 20.0)
     stop = threading.Event()
     result = []
     thread = threading.Thread(

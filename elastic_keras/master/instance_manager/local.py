@@ -1,12 +1,11 @@
 """Roles as local subprocesses: the embedded default engine.
 
-Each role runs as `python -m <module> <args>` in its own session. Its output is read line by
-line, written to `<log_dir>/<role>.log` and handed to `on_line` (the master's console). On
-Linux each child also asks the kernel to SIGTERM it when the master dies, so no role outlives
-a killed master.
+Each role runs its module as `python -m <module> <args>` would, in its own session. Its output
+is read line by line, written to `<log_dir>/<role>.log` and handed to `on_line` (the master's
+console). On Linux each child also asks the kernel to SIGTERM it when the master dies, so no
+role outlives a killed master.
 """
 
-import ctypes
 import logging
 import os
 import signal
@@ -19,14 +18,23 @@ from elastic_keras.master.instance_manager.api import InstanceManager, RoleExit,
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent():
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: roles then notice the master's absence over gRPC
+# `python -c _BOOTSTRAP <master pid> <module> <args...>`: the child asks for SIGTERM when the
+# master dies (PR_SET_PDEATHSIG; elsewhere roles notice the master's absence over gRPC), then
+# runs the module as `python -m` does. The child does this itself because a `preexec_fn`
+# would make Python fork() rather than vfork(), and gRPC's fork handlers can then abort the
+# child before it reaches exec() (grpc/grpc#43055).
+_BOOTSTRAP = """
+import ctypes, os, runpy, signal, sys
+master, module = int(sys.argv[1]), sys.argv[2]
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+except OSError:
+    pass
+if os.getppid() != master:
+    sys.exit("the master is gone")
+sys.argv = [module, *sys.argv[3:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
 
 
 class LocalInstanceManager(InstanceManager):
@@ -52,13 +60,12 @@ class LocalInstanceManager(InstanceManager):
             if spec.name in self._procs:
                 raise ValueError(f"Role {spec.name} is already running.")
             proc = subprocess.Popen(
-                [sys.executable, "-m", spec.module, *spec.args],
+                [sys.executable, "-c", _BOOTSTRAP, str(os.getpid()), spec.module, *spec.args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self._env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
             pump = threading.Thread(
                 target=self._pump, args=(spec.name, proc), name=f"log-{spec.name}", daemon=True

@@ -1,0 +1,201 @@
+"""A hash map from int64 ids to dense row slots, made of two numpy arrays.
+
+An embedding table keeps its rows in one contiguous array; `IdMap` says which row (slot)
+holds each id. Slots are handed out as 0, 1, 2, ... in the order ids are first inserted, so
+the table's arrays stay dense. There is no Python object per entry: the map is an
+open-addressing table of `keys` (int64) and `slots` (int32, or int64 past 2^31 entries)
+with a power-of-two capacity, kept at most `MAX_LOAD` full. A slot of -1 marks an empty
+entry, so every int64 value, 0 and -1 included, is a valid id.
+
+Every operation works on whole batches of ids at once: each round of probing is a handful of
+vectorised gathers over the ids still unresolved, following the triangular sequence
+home, home+1, home+3, home+6, ... (which visits every entry of a power-of-two table).
+Insertion resolves collisions inside a batch by letting ids claim empty entries together
+and reading back which claim won.
+
+Example:
+
+    >>> import numpy as np
+    >>> ids = IdMap()
+    >>> ids.insert(np.array([42, -7, 42, 0])).tolist()
+    [0, 1, 0, 2]
+    >>> ids.lookup(np.array([0, 5, 42])).tolist()
+    [2, -1, 0]
+    >>> len(ids), ids.ids().tolist()
+    (3, [42, -7, 0])
+"""
+
+import numpy as np
+
+from elastic_keras.common.partition import _mix64
+
+MAX_LOAD = 0.6
+_MIN_CAPACITY = 16
+_EMPTY = -1
+# Salts the hash so the entries of one shard do not inherit the partition's choice of shard.
+_SALT = np.uint64(0x6A09E667F3BCC909)
+_INT32_SLOTS_LIMIT = 2**31 - 1
+
+
+class IdMap:
+    """Maps int64 ids to consecutive slots 0, 1, 2, ...; see the module docstring.
+
+    Not thread-safe: the caller serialises calls.
+
+    Args:
+        expected: how many ids to make room for at once (growth happens anyway).
+    """
+
+    def __init__(self, expected=0):
+        self._size = 0
+        self._allocate(_capacity_for(expected))
+
+    def __len__(self):
+        return self._size
+
+    @property
+    def capacity(self):
+        """The number of entries of the hash table (a power of two)."""
+        return len(self._keys)
+
+    @property
+    def nbytes(self):
+        """Bytes held by the map's arrays."""
+        return self._keys.nbytes + self._slots.nbytes
+
+    def lookup(self, ids):
+        """The slot of each id, -1 where the id is absent: an int64 array shaped like `ids`."""
+        ids = _as_ids(ids)
+        return self._probe(ids.reshape(-1), stops=False)[0].reshape(ids.shape)
+
+    def insert(self, ids):
+        """The slot of each id, adding absent ids with new slots in order of first appearance.
+
+        Repeated ids in `ids` get one slot. Returns an int64 array shaped like `ids`.
+        """
+        ids = _as_ids(ids)
+        slots, position, step = self._probe(ids.reshape(-1), stops=True)
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            new_ids, first, inverse = _first_appearance(ids.reshape(-1)[missing])
+            if self._reserve(self._size + len(new_ids)):
+                position, step = self._home(new_ids), np.zeros(len(new_ids), dtype=np.intp)
+            else:  # carry on probing from the empty entry the lookup stopped at
+                position, step = position[missing[first]], step[missing[first]]
+            new_slots = np.arange(self._size, self._size + len(new_ids))
+            self._place(new_ids, new_slots, position, step)
+            self._size += len(new_ids)
+            slots[missing] = new_slots[inverse]
+        return slots.reshape(ids.shape)
+
+    def ids(self):
+        """Every id in the map, ordered by slot (`ids()[s]` is the id in slot `s`)."""
+        occupied = np.flatnonzero(self._slots >= 0)
+        out = np.empty(self._size, dtype=np.int64)
+        out[self._slots[occupied]] = self._keys[occupied]
+        return out
+
+    def _allocate(self, capacity):
+        self._keys = np.zeros(capacity, dtype=np.int64)
+        slot_dtype = np.int32 if capacity * MAX_LOAD < _INT32_SLOTS_LIMIT else np.int64
+        self._slots = np.full(capacity, _EMPTY, dtype=slot_dtype)
+        self._mask = capacity - 1
+        self._shift = np.uint64(64 - (capacity.bit_length() - 1))
+
+    def _home(self, ids):
+        """The first entry each id probes: the top bits of a 64-bit mix of the id."""
+        return (_mix64(ids.view(np.uint64) ^ _SALT) >> self._shift).astype(np.intp)
+
+    def _probe(self, ids, stops):
+        """Looks up 1-D `ids`: their slots (-1 if absent) and, with `stops`, for absent ids the
+        empty entry that ended the search and the probe step there (where an insertion
+        carries on)."""
+        found = np.full(len(ids), _EMPTY, dtype=np.int64)
+        stop = np.zeros(len(ids) if stops else 0, dtype=np.intp)
+        stop_step = np.zeros_like(stop)
+        pending, keys, position, step = np.arange(len(ids)), ids, self._home(ids), 0
+        while len(pending):
+            slots = self._slots[position]
+            hit = (slots >= 0) & (self._keys[position] == keys)
+            found[pending[hit]] = slots[hit]
+            if stops:
+                empty = np.flatnonzero(slots == _EMPTY)
+                stop[pending[empty]] = position[empty]
+                stop_step[pending[empty]] = step
+            go_on = np.flatnonzero(~hit & (slots != _EMPTY))
+            step += 1
+            pending, keys = pending[go_on], keys[go_on]
+            position = (position[go_on] + step) & self._mask
+        return found, stop, stop_step
+
+    def _place(self, keys, slots, position, step):
+        """Stores distinct, absent `keys` with their `slots`, probing from `position`/`step`.
+
+        Keys that reach the same empty entry in one round all claim it by writing a marker
+        (-2 - their index); the one whose marker is read back wins, the others probe on.
+        """
+        markers = _markers(len(keys), self._slots.dtype)
+        pending = np.arange(len(keys))
+        while len(pending):
+            empty = np.flatnonzero(self._slots[position] == _EMPTY)
+            placed = np.zeros(len(pending), dtype=bool)
+            if len(empty):
+                claimed, claimants = position[empty], markers[pending[empty]]
+                self._slots[claimed] = claimants  # several may write one entry: one wins
+                won = empty[self._slots[claimed] == claimants]
+                self._keys[position[won]] = keys[pending[won]]
+                self._slots[position[won]] = slots[pending[won]]
+                placed[won] = True
+            go_on = np.flatnonzero(~placed)
+            pending, step = pending[go_on], step[go_on] + 1
+            position = (position[go_on] + step) & self._mask
+
+    def _reserve(self, size):
+        """Grows (rehashing every entry) so that `size` entries stay within `MAX_LOAD`.
+
+        Returns whether it grew (entries then sit elsewhere).
+        """
+        if size <= self.capacity * MAX_LOAD:
+            return False
+        occupied = np.flatnonzero(self._slots >= 0)
+        keys, slots = self._keys[occupied], self._slots[occupied]
+        del occupied
+        self._allocate(_capacity_for(size))
+        self._place(keys, slots, self._home(keys), np.zeros(len(keys), dtype=np.intp))
+        return True
+
+
+def _first_appearance(ids):
+    """The distinct ids in order of first appearance, the index of each one's first
+    appearance, and each id's index among the distinct ones."""
+    ordered = np.sort(ids)  # a fast check: ids usually arrive distinct
+    if not np.any(ordered[1:] == ordered[:-1]):
+        every = np.arange(len(ids))
+        return ids, every, every
+    distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return distinct[order], first[order], rank[inverse]
+
+
+def _as_ids(ids):
+    ids = np.asarray(ids)
+    if ids.dtype != np.int64:
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"ids must be integers. Received: dtype={ids.dtype}")
+        ids = ids.astype(np.int64)
+    return ids
+
+
+def _markers(count, dtype):
+    if count > np.iinfo(dtype).max - 2:
+        raise ValueError(f"At most {np.iinfo(dtype).max - 2} ids per call. Received: {count}")
+    return (-2 - np.arange(count)).astype(dtype)
+
+
+def _capacity_for(size):
+    capacity = _MIN_CAPACITY
+    while size > capacity * MAX_LOAD:
+        capacity *= 2
+    return capacity

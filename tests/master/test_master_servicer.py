@@ -1,0 +1,186 @@
+"""The master's service over real gRPC on loopback (master/servicer.py, master/master.py).
+
+A real `Master` (not run: nothing is launched) with a real `TaskManager` is served by
+`MasterServicer` and driven with the `MasterClient` that workers and PS use.
+"""
+
+import io
+
+import numpy as np
+import pytest
+
+from elastic_keras.common import rpc
+from elastic_keras.common.config import JobConfig
+from elastic_keras.common.master_client import MasterClient
+from elastic_keras.common.metrics import build_metrics, to_states
+from elastic_keras.common.model_spec import load_model_spec
+from elastic_keras.master.console import Console
+from elastic_keras.master.instance_manager import LocalInstanceManager
+from elastic_keras.master.master import Master
+from elastic_keras.master.servicer import MasterServicer
+from elastic_keras.master.task_manager import TaskManager
+from elastic_keras.proto import master_pb2, master_pb2_grpc
+from tests.conftest import ROOT
+
+TRAIN = [("train-0.tfrecord", 100), ("train-1.tfrecord", 30)]  # tasks of 40 records: 3 + 1
+EVAL = [("test-0.tfrecord", 50)]                                  # 2 evaluation tasks
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model_spec(str(ROOT / "model_zoo"), "digits.digits_cnn")
+
+
+@pytest.fixture
+def master(spec, tmp_path):
+    config = JobConfig(model_def="digits.digits_cnn", training_data="unused", num_ps=2,
+                       max_task_retries=1, job_name="servicer-test")
+    master = Master(config, spec, engine=LocalInstanceManager(),
+                    console=Console(stream=io.StringIO()))
+    master.tasks = TaskManager(TRAIN, records_per_task=40, num_epochs=1,
+                               max_task_retries=config.max_task_retries, eval_shards=EVAL,
+                               seed=0)
+    return master
+
+
+@pytest.fixture
+def client(master):
+    server, port = rpc.create_server(
+        [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), s)]
+    )
+    client = MasterClient(f"127.0.0.1:{port}", deadline_s=10.0)
+    yield client
+    client.close()
+    server.stop(grace=None)
+
+
+def _take_all(client, worker_id):
+    tasks = []
+    while True:
+        task = client.get_task(worker_id)
+        if task.type != master_pb2.TASK_TRAINING:
+            return tasks, task
+        tasks.append(task)
+
+
+def test_cluster_is_ready_only_once_every_ps_registered(client):
+    assert client.get_cluster(worker_id=0) == (False, [])
+    client.register_ps(1, "127.0.0.1:2001")
+    assert client.get_cluster(worker_id=0) == (False, [])
+    client.register_ps(0, "127.0.0.1:2000")
+    assert client.get_cluster(worker_id=0) == (True, ["127.0.0.1:2000", "127.0.0.1:2001"])
+    client.register_ps(0, "127.0.0.1:2002")  # a restarted shard registers its new address
+    assert client.get_cluster(worker_id=1) == (True, ["127.0.0.1:2002", "127.0.0.1:2001"])
+
+
+def test_training_tasks_then_wait_while_they_run_then_none(client, master):
+    client.register_worker(0)
+    tasks, after = _take_all(client, worker_id=0)
+    assert after.type == master_pb2.TASK_WAIT
+    assert sorted((t.path, t.start, t.end) for t in tasks) == [
+        ("train-0.tfrecord", 0, 40), ("train-0.tfrecord", 40, 80),
+        ("train-0.tfrecord", 80, 100), ("train-1.tfrecord", 0, 30),
+    ]
+    assert len({t.task_id for t in tasks}) == 4
+    assert all(t.epoch == 0 for t in tasks)
+    assert set(master.tasks.running_tasks()) == {t.task_id for t in tasks}
+
+    master.no_more_tasks = True
+    assert client.get_task(0).type == master_pb2.TASK_NONE
+
+
+def test_progress_and_results_update_the_task_manager(client, master):
+    tasks, _ = _take_all(client, worker_id=3)
+    first, *others = tasks
+
+    client.report_progress(3, first.task_id, records_done=16, loss=2.5, model_version=4)
+    assert master.tasks.records_done(first.task_id) == 16
+    assert master.tasks.progress() == (0, 16, 130)
+    assert master.throughput.records == 16 and master.throughput.loss == 2.5
+    assert master.model_version == 4
+
+    for task in tasks:
+        client.report_task_result(3, task.task_id, records_done=task.end - task.start,
+                                  loss=1.0, model_version=9)
+    assert master.tasks.tasks_done == 4 and master.tasks.tasks_failed == 0
+    assert master.tasks.progress() == (0, 130, 130)
+    assert master.throughput.records == 130
+    assert master.model_version == 9
+    assert master.tasks.epoch_finished() == 0
+    [counts] = master.tasks.epoch_counts()
+    assert (counts.trained_at_least_once, counts.trained_more_than_once) == (130, 0)
+
+    # A repeated result (a retried call) changes nothing.
+    client.report_task_result(3, first.task_id, records_done=0, error="late duplicate")
+    assert (master.tasks.tasks_done, master.tasks.tasks_failed) == (4, 0)
+
+
+def test_a_failed_task_is_requeued_from_its_progress_then_fails_the_job(client, master):
+    tasks, _ = _take_all(client, worker_id=0)
+    failing = next(t for t in tasks if (t.path, t.start) == ("train-0.tfrecord", 40))
+    client.report_progress(0, failing.task_id, records_done=10, loss=1.0, model_version=1)
+    client.report_task_result(0, failing.task_id, records_done=10,
+                              error="ValueError: bad record")
+    assert (master.tasks.tasks_failed, master.tasks.tasks_requeued) == (1, 1)
+    assert not master.tasks.failed
+
+    retry = client.get_task(worker_id=1)  # another worker takes it over
+    assert retry.type == master_pb2.TASK_TRAINING
+    assert (retry.path, retry.start, retry.end) == ("train-0.tfrecord", 50, 80)
+    assert retry.task_id != failing.task_id
+
+    client.report_task_result(1, retry.task_id, records_done=0,
+                              error="ValueError: bad record again")
+    assert master.tasks.failed and master.tasks.finished
+    assert master.tasks.tasks_failed == 2
+    assert "train-0.tfrecord records [50, 80)" in master.tasks.error
+    assert "failed 2 times" in master.tasks.error
+    assert "ValueError: bad record again" in master.tasks.error
+    assert client.get_task(2).type == master_pb2.TASK_WAIT
+
+
+def test_tasks_of_a_lost_worker_go_to_the_others(client, master):
+    tasks, _ = _take_all(client, worker_id=5)
+    client.report_progress(5, tasks[0].task_id, records_done=8, loss=1.0, model_version=1)
+    assert master.tasks.recover_worker(5) == 4
+    again, _ = _take_all(client, worker_id=6)
+    resumed = {(t.path, t.end): t.start for t in again}
+    assert resumed[(tasks[0].path, tasks[0].end)] == tasks[0].start + 8
+    assert len(again) == 4
+
+
+def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, master, spec):
+    tasks, _ = _take_all(client, worker_id=0)
+    for task in tasks:
+        client.report_task_result(0, task.task_id, task.end - task.start)
+    assert master.tasks.epoch_finished() == 0
+    assert master.tasks.start_evaluation(model_version=7)
+
+    evaluations = [client.get_task(0), client.get_task(1)]
+    assert [t.type for t in evaluations] == [master_pb2.TASK_EVALUATION] * 2
+    assert sorted((t.path, t.start, t.end) for t in evaluations) == [
+        ("test-0.tfrecord", 0, 40), ("test-0.tfrecord", 40, 50)]
+    assert {t.model_version for t in evaluations} == {7}
+    assert client.get_task(0).type == master_pb2.TASK_WAIT  # training waits for the round
+
+    metrics = build_metrics(spec.eval_metrics_fn)
+    metrics["accuracy"].update_state(np.array([1, 2]), np.eye(10, dtype=np.float32)[[1, 3]])
+    for worker_id, task in enumerate(evaluations):
+        client.report_task_result(worker_id, task.task_id, task.end - task.start,
+                                  model_version=7, metric_states=to_states(metrics))
+    assert master.tasks.evaluation_finished() == (0, 7)
+    assert master.tasks.tasks_done == 6
+
+
+def test_heartbeat_says_when_the_job_has_finished(client, master):
+    assert client.heartbeat("ps", 0) is False
+    assert client.heartbeat("worker", 1) is False
+    master.job_finished = True
+    assert client.heartbeat("ps", 0) is True
+
+
+def test_report_version_raises_the_model_version(client, master):
+    client.report_version(0, 12)
+    client.report_version(1, 5)
+    client.report_version(0, 3)  # an older report does not lower it
+    assert master.model_version == 12

@@ -1,0 +1,126 @@
+import time
+
+import numpy as np
+import pytest
+
+from elastic_keras.ps.id_map import MAX_LOAD, IdMap
+
+INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+ADVERSARIAL = np.array([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1, -2])
+
+
+class Reference:
+    """The behaviour IdMap must have, as a dict."""
+
+    def __init__(self):
+        self.slots = {}
+
+    def insert(self, ids):
+        for i in ids.tolist():
+            self.slots.setdefault(i, len(self.slots))
+        return self.lookup(ids)
+
+    def lookup(self, ids):
+        return [self.slots.get(i, -1) for i in ids.tolist()]
+
+
+def random_batch(rng, size):
+    """Small ids (many repeats), full-range ids and the int64 extremes, shuffled."""
+    parts = [
+        rng.integers(-40, 40, size // 2),
+        rng.integers(INT64_MIN, INT64_MAX, size // 2, dtype=np.int64, endpoint=True),
+        rng.choice(ADVERSARIAL, rng.integers(0, 4)),
+    ]
+    batch = np.concatenate(parts).astype(np.int64)
+    rng.shuffle(batch)
+    return batch
+
+
+def test_matches_a_dict_on_random_batches_with_repeats_and_extreme_ids():
+    rng = np.random.default_rng(1)
+    ids, reference = IdMap(), Reference()
+    for round_ in range(300):
+        batch = random_batch(rng, int(rng.integers(0, 2000)))
+        if round_ % 3:
+            assert ids.insert(batch).tolist() == reference.insert(batch), round_
+        else:
+            assert ids.lookup(batch).tolist() == reference.lookup(batch), round_
+        assert len(ids) == len(reference.slots)
+    assert ids.ids().tolist() == list(reference.slots)
+    assert ids.capacity * MAX_LOAD >= len(ids) > 2000
+
+
+def test_every_int64_value_is_a_valid_id():
+    ids = IdMap()
+    assert ids.lookup(ADVERSARIAL).tolist() == [-1] * len(ADVERSARIAL)
+    assert ids.insert(ADVERSARIAL).tolist() == list(range(len(ADVERSARIAL)))
+    assert ids.lookup(ADVERSARIAL[::-1]).tolist() == list(range(len(ADVERSARIAL)))[::-1]
+    assert ids.ids().tolist() == ADVERSARIAL.tolist()
+
+
+def test_new_slots_follow_first_appearance_within_a_batch():
+    ids = IdMap()
+    assert ids.insert(np.array([9, 9, 4, 9, 4, 7])).tolist() == [0, 0, 1, 0, 1, 2]
+    assert ids.insert(np.array([5, 4, 5, 3])).tolist() == [3, 1, 3, 4]
+    assert ids.ids().tolist() == [9, 4, 7, 5, 3]
+
+
+def test_colliding_ids_in_one_batch_all_land():
+    """Thousands of new ids per batch into a nearly full table collide with each other."""
+    ids = IdMap(expected=4000)
+    capacity = ids.capacity
+    batch = np.arange(int(capacity * MAX_LOAD), dtype=np.int64) * 1_000_003
+    assert ids.insert(batch).tolist() == list(range(len(batch)))
+    assert ids.capacity == capacity  # filled to the maximum load without growing
+    assert ids.lookup(batch).tolist() == list(range(len(batch)))
+    assert ids.lookup(batch + 1).tolist() == [-1] * len(batch)
+
+
+def test_growth_keeps_every_slot():
+    ids = IdMap()
+    batch = np.arange(100_000, dtype=np.int64) * -3
+    for start in range(0, len(batch), 7_000):
+        ids.insert(batch[start:start + 7_000])
+    assert ids.capacity == 2 ** 18  # the smallest power of two within MAX_LOAD
+    np.testing.assert_array_equal(ids.lookup(batch), np.arange(len(batch)))
+
+
+def test_shapes_dtypes_and_empty_batches():
+    ids = IdMap()
+    assert ids.lookup(np.array([], dtype=np.int64)).shape == (0,)
+    assert ids.insert(np.array([], dtype=np.int64)).shape == (0,)
+    assert ids.insert(np.array([[3, 4], [4, 5]], dtype=np.int32)).tolist() == [[0, 1], [1, 2]]
+    assert ids.lookup([5, 6]).tolist() == [2, -1]
+    assert ids.lookup(np.array([3], dtype=np.uint8)).dtype == np.int64
+    with pytest.raises(TypeError, match="integers"):
+        ids.lookup(np.array([1.5]))
+
+
+def test_bytes_per_entry_stay_bounded():
+    ids = IdMap()
+    for size in (1000, 50_000, 200_000):
+        ids.insert(np.arange(len(ids), size))
+        # int64 key + int32 slot = 12 bytes an entry, at a load between MAX_LOAD/2 and MAX_LOAD.
+        assert 12 / MAX_LOAD <= ids.nbytes / len(ids) <= 2 * 12 / MAX_LOAD
+
+
+def test_lookup_of_64k_ids_in_a_10m_map_is_fast():
+    rng = np.random.default_rng(0)
+    stored = rng.integers(INT64_MIN, INT64_MAX, 10_000_000, dtype=np.int64)
+    ids = IdMap(expected=len(stored))
+    started = time.perf_counter()
+    ids.insert(stored)
+    insert_s = time.perf_counter() - started
+    query = stored[rng.choice(len(stored), 65_536, replace=False)]
+    best = min(_timed(ids.lookup, query) for _ in range(5))
+    print(f"insert 10M: {insert_s:.2f} s; lookup 64k: {best * 1e3:.2f} ms; "
+          f"{ids.nbytes / len(ids):.1f} bytes/entry")
+    # About 4-5 ms on one idle core; the bound leaves room for a busy machine.
+    assert best < 0.05
+    assert ids.nbytes / len(ids) <= 12 / (MAX_LOAD / 2)
+
+
+def _timed(function, *args):
+    started = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - started
