@@ -104,6 +104,31 @@ class JobConfig:
         1_000_000, help="A plain keras.layers.Embedding with more parameters than this is "
         "served row by row from the parameter servers instead of as a dense variable."
     )
+    grads_to_wait: int = _flag(
+        0, help="Synchronous training: each PS shard averages this many pushes computed "
+        "against its current version, applies them once and bumps its version. 0 trains "
+        "asynchronously."
+    )
+    use_async: bool = _flag(
+        False, help="Asynchronous training (the default when --grads-to-wait is 0); "
+        "accepted for ElasticDL users."
+    )
+    max_staleness: int = _flag(
+        0, help="Asynchronous training: reject pushes computed against a version more than "
+        "this many versions old (the worker pulls and recomputes); 0: no bound."
+    )
+    lr_staleness_modulation: bool = _flag(
+        False, help="Asynchronous training: divide an update's learning rate by "
+        "max(1, staleness)."
+    )
+    sync_round_timeout_s: float = _flag(
+        30.0, help="Synchronous training: a round still short of --grads-to-wait pushes "
+        "this many seconds after its first is applied with those it has."
+    )
+    max_stale_retries: int = _flag(
+        20, help="How many times in a row a worker recomputes a minibatch whose push was "
+        "rejected as stale before it fails the task."
+    )
     host: str = _flag("127.0.0.1", help="Address the master and parameter servers bind to.")
     port: int = _flag(0, help="Master port; 0 picks a free one.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
@@ -113,8 +138,23 @@ class JobConfig:
             self, "num_workers", "num_ps", "minibatch_size", "num_minibatches_per_task",
             "num_epochs", "progress_report_minibatches",
         )
-        _check_non_negative(self, "max_task_retries", "port", "embedding_threshold_params")
+        _check_non_negative(self, "max_task_retries", "port", "embedding_threshold_params",
+                            "grads_to_wait", "max_staleness", "max_stale_retries")
         _check_choice(self, "log_level", LOG_LEVELS)
+        if self.use_async and self.grads_to_wait:
+            raise ConfigError(
+                "--use-async and --grads-to-wait exclude each other: --grads-to-wait K >= 1 "
+                f"trains synchronously. Received: --use-async --grads-to-wait {self.grads_to_wait}"
+            )
+        if self.grads_to_wait and (self.max_staleness or self.lr_staleness_modulation):
+            raise ConfigError(
+                "--max-staleness and --lr-staleness-modulation apply to asynchronous training "
+                f"only. Received: them with --grads-to-wait {self.grads_to_wait}"
+            )
+        if self.sync_round_timeout_s <= 0:
+            raise ConfigError(
+                f"--sync-round-timeout-s must be positive. Received: {self.sync_round_timeout_s}"
+            )
         for name in ("model_def", "training_data"):
             if not getattr(self, name).strip():
                 raise ConfigError(f"--{name.replace('_', '-')} must not be empty.")
@@ -128,6 +168,10 @@ class JobConfig:
             ps_id=ps_id,
             num_ps=self.num_ps,
             master_addr=master_addr,
+            grads_to_wait=self.grads_to_wait,
+            max_staleness=self.max_staleness,
+            lr_staleness_modulation=self.lr_staleness_modulation,
+            sync_round_timeout_s=self.sync_round_timeout_s,
             job_name=self.job_name,
             host=self.host,
             log_level=self.log_level,
@@ -144,6 +188,8 @@ class JobConfig:
             progress_report_minibatches=self.progress_report_minibatches,
             index_cache_dir=self.index_cache_dir,
             embedding_threshold_params=self.embedding_threshold_params,
+            sync=self.grads_to_wait > 0,
+            max_stale_retries=self.max_stale_retries,
             job_name=self.job_name,
             log_level=self.log_level,
         )
@@ -156,6 +202,14 @@ class PSConfig:
     ps_id: int = _flag(required=True, help="This shard's index, 0 .. num-ps - 1.")
     num_ps: int = _flag(required=True, help="Number of shards in the job.")
     master_addr: str = _flag(required=True, help="host:port of the master.")
+    grads_to_wait: int = _flag(0, help="Pushes per synchronous round; 0: asynchronous.")
+    max_staleness: int = _flag(0, help="Reject asynchronous pushes staler than this; 0: never.")
+    lr_staleness_modulation: bool = _flag(
+        False, help="Divide an asynchronous update's learning rate by max(1, staleness)."
+    )
+    sync_round_timeout_s: float = _flag(
+        30.0, help="Apply a synchronous round short of pushes after this many seconds."
+    )
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     host: str = _flag("127.0.0.1", help="Address to bind to.")
     port: int = _flag(0, help="Port to bind to; 0 picks a free one.")
@@ -163,7 +217,7 @@ class PSConfig:
 
     def __post_init__(self):
         _check_positive(self, "num_ps")
-        _check_non_negative(self, "ps_id", "port")
+        _check_non_negative(self, "ps_id", "port", "grads_to_wait", "max_staleness")
         if self.ps_id >= self.num_ps:
             raise ConfigError(
                 f"--ps-id must be below --num-ps ({self.num_ps}). Received: {self.ps_id}"
@@ -186,6 +240,8 @@ class WorkerConfig:
     embedding_threshold_params: int = _flag(
         1_000_000, help="Plain Keras Embeddings larger than this are served from the PS."
     )
+    sync: bool = _flag(False, help="Synchronous training: wait for each round's update.")
+    max_stale_retries: int = _flag(20, help="Recomputations of a stale minibatch allowed.")
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 

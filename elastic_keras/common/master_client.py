@@ -33,11 +33,10 @@ class MasterClient:
         return response.ready, list(response.ps_addresses)
 
     def heartbeat(self, role, role_id, timeout_s=None):
-        """Returns True once the job has finished and the caller should exit."""
-        response = self._stub.Heartbeat(
+        """The master's `HeartbeatResponse`: `job_finished` tells the caller to exit."""
+        return self._stub.Heartbeat(
             master_pb2.HeartbeatRequest(role=role, id=role_id), timeout=timeout_s
         )
-        return response.job_finished
 
     def get_task(self, worker_id):
         return self._stub.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id)).task
@@ -59,9 +58,14 @@ class MasterClient:
             )
         )
 
-    def report_version(self, ps_id, model_version):
+    def report_version(self, ps_id, model_version, staleness_counts=(), stale_rejections=0,
+                       pending_pushes=0):
         self._stub.ReportVersion(
-            master_pb2.ReportVersionRequest(ps_id=ps_id, model_version=model_version)
+            master_pb2.ReportVersionRequest(
+                ps_id=ps_id, model_version=model_version,
+                staleness_counts=list(staleness_counts), stale_rejections=stale_rejections,
+                pending_pushes=pending_pushes,
+            )
         )
 
     def close(self):

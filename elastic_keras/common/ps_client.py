@@ -54,21 +54,25 @@ class PSClient:
         ]
         return [r.model_version for r in self._all("InitModel", requests)]
 
-    def pull_dense(self, known_versions=None):
+    def pull_dense(self, known_versions=None, min_versions=None):
         """Pulls the dense variables of every shard.
 
         Args:
             known_versions: per shard, the version the caller already holds; a shard at that
                 version sends no tensors. None pulls everything.
+            min_versions: per shard, wait until the shard reaches this version (synchronous
+                training), up to the call's deadline.
 
         Returns:
             (initialized, versions, values): whether every shard holds a model, each shard's
             version, and `{name: array}` of what was sent.
         """
         known = known_versions or [-1] * self.num_ps
-        responses = self._all(
-            "PullDense", [pserver_pb2.PullDenseRequest(known_version=k) for k in known]
-        )
+        least = min_versions or [0] * self.num_ps
+        responses = self._all("PullDense", [
+            pserver_pb2.PullDenseRequest(known_version=k, min_version=m)
+            for k, m in zip(known, least)
+        ])
         values = {}
         for response in responses:
             for tensor in response.dense:

@@ -27,6 +27,9 @@ _COMMON_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Servers accept the clients' keepalive pings instead of answering "too many pings".
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 _RETRY_POLICY = {
@@ -67,6 +70,9 @@ def service_config(service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S):
 def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S):
     """An insecure channel to `address` configured for `service` (see `service_config`)."""
     options = _COMMON_OPTIONS + [
+        # A restarted peer (master, parameter server) is found again within seconds.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
         ("grpc.enable_retries", 1),
         ("grpc.service_config", service_config(service, idempotent, deadline_s)),
     ]

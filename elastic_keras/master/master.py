@@ -107,6 +107,16 @@ class Master:
             self._model_version = max(self._model_version, version)
 
     @property
+    def sync_round_size(self):
+        """Pushes that close a synchronous round now (see `HeartbeatResponse`)."""
+        if self.tasks is None:
+            return self.config.grads_to_wait
+        waiting, running = self.tasks.training_load()
+        if waiting:
+            return self.config.grads_to_wait
+        return min(self.config.grads_to_wait, running)
+
+    @property
     def model_version(self):
         with self._versions_lock:
             return max(self._model_version, self.membership.model_version)
@@ -142,6 +152,8 @@ class Master:
             self._launch(address)
             self._loop()
             self._training_ended_at = time.time()
+            if not self.tasks.failed and not self._error and self.config.grads_to_wait:
+                self._wait_for_rounds()
             if not self.tasks.failed and not self._error and self.config.output:
                 self._export()
         except KeyboardInterrupt:
@@ -241,6 +253,16 @@ class Master:
             f"version {self.model_version}"
         )
 
+    def _wait_for_rounds(self):
+        """Synchronous training: waits until every shard has applied its last round."""
+        since = time.monotonic()
+        deadline = since + self.config.sync_round_timeout_s + 10.0
+        while not self.membership.rounds_closed_since(since):
+            if time.monotonic() > deadline:
+                logger.warning("Parameter servers did not report their last round applied.")
+                return
+            time.sleep(_TICK_S)
+
     def _export(self):
         _, addresses = self.membership.ps_addresses()
         client = PSClient(addresses)
@@ -300,6 +322,7 @@ class Master:
             examples_trained=trained,
             examples_per_second=round(trained / training_time, 1) if training_time else 0.0,
             evaluations=self._evaluations,
+            staleness=self.membership.staleness(),
             role_exits=[{"role": e.spec.name, "exit_code": e.exit_code}
                         for e in self._role_exits],
             saved_model=(os.path.join(self.config.output, "saved_model")

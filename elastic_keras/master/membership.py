@@ -12,6 +12,9 @@ class Membership:
         self._lock = threading.Lock()
         self._ps = {}
         self._ps_versions = {}
+        self._ps_staleness = {}   # ps id -> (counts by staleness, rejections)
+        self._ps_pending = {}
+        self._ps_reported = {}
         self._workers = set()
         self._last_seen = {}
 
@@ -37,12 +40,36 @@ class Membership:
             self._last_seen[("worker", worker_id)] = time.monotonic()
 
     def heartbeat(self, role, role_id):
+        """Records a heartbeat; returns whether the role has registered with this master."""
         with self._lock:
             self._last_seen[(role, role_id)] = time.monotonic()
+            if role == "ps":
+                return role_id in self._ps
+            return role_id in self._workers
 
-    def report_version(self, ps_id, version):
+    def report_version(self, ps_id, version, staleness_counts=(), stale_rejections=0,
+                       pending_pushes=0):
         with self._lock:
             self._ps_versions[ps_id] = max(version, self._ps_versions.get(ps_id, 0))
+            self._ps_staleness[ps_id] = (list(staleness_counts), stale_rejections)
+            self._ps_pending[ps_id] = pending_pushes
+            self._ps_reported[ps_id] = time.monotonic()
+
+    def staleness(self):
+        """Per shard: `{"applied_by_staleness": [...], "rejected_as_stale": n}`."""
+        with self._lock:
+            return {
+                f"ps-{ps_id}": {"applied_by_staleness": counts, "rejected_as_stale": rejected}
+                for ps_id, (counts, rejected) in sorted(self._ps_staleness.items())
+            }
+
+    def rounds_closed_since(self, since):
+        """Whether every shard has reported, after monotonic time `since`, no open round."""
+        with self._lock:
+            return all(
+                self._ps_reported.get(i, 0) > since and not self._ps_pending.get(i)
+                for i in range(self.num_ps)
+            )
 
     @property
     def model_version(self):

@@ -24,8 +24,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.GetClusterResponse(ready=ready, ps_addresses=addresses)
 
     def Heartbeat(self, request, context):
-        self._master.membership.heartbeat(request.role, request.id)
-        return master_pb2.HeartbeatResponse(job_finished=self._master.job_finished)
+        known = self._master.membership.heartbeat(request.role, request.id)
+        return master_pb2.HeartbeatResponse(
+            job_finished=self._master.job_finished,
+            sync_round_size=self._master.sync_round_size,
+            register_again=not known,
+        )
 
     def GetTask(self, request, context):
         task = self._master.get_task(request.worker_id)
@@ -55,5 +59,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.ReportTaskResultResponse()
 
     def ReportVersion(self, request, context):
-        self._master.membership.report_version(request.ps_id, request.model_version)
+        self._master.membership.report_version(
+            request.ps_id, request.model_version, list(request.staleness_counts),
+            request.stale_rejections, request.pending_pushes,
+        )
         return master_pb2.ReportVersionResponse()

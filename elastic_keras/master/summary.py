@@ -31,6 +31,7 @@ class JobSummary:
     examples_trained: int
     examples_per_second: float
     evaluations: list       # [{"epoch", "model_version", "metrics"}]
+    staleness: dict         # per shard: applied pushes by staleness, rejections
     role_exits: list        # [{"role", "exit_code"}] of roles that stopped before the end
     saved_model: str = ""
 

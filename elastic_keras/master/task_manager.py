@@ -159,6 +159,12 @@ class TaskManager:
             running = self._doing.get(task_id)
             return running.records_done if running else 0
 
+    def training_load(self):
+        """(training tasks waiting, training tasks running)."""
+        with self._lock:
+            return (sum(t.type == TaskType.TRAINING for t in self._todo),
+                    sum(r.task.type == TaskType.TRAINING for r in self._doing.values()))
+
     def running_tasks(self):
         with self._lock:
             return {task_id: (r.worker_id, r.started) for task_id, r in self._doing.items()}

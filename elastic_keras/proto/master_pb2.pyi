@@ -82,10 +82,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, role: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("job_finished",)
+    __slots__ = ("job_finished", "sync_round_size", "register_again")
     JOB_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    SYNC_ROUND_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_AGAIN_FIELD_NUMBER: _ClassVar[int]
     job_finished: bool
-    def __init__(self, job_finished: _Optional[bool] = ...) -> None: ...
+    sync_round_size: int
+    register_again: bool
+    def __init__(self, job_finished: _Optional[bool] = ..., sync_round_size: _Optional[int] = ..., register_again: _Optional[bool] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("worker_id",)
@@ -148,12 +152,18 @@ class ReportTaskResultResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportVersionRequest(_message.Message):
-    __slots__ = ("ps_id", "model_version")
+    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes")
     PS_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    STALE_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PUSHES_FIELD_NUMBER: _ClassVar[int]
     ps_id: int
     model_version: int
-    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+    staleness_counts: _containers.RepeatedScalarFieldContainer[int]
+    stale_rejections: int
+    pending_pushes: int
+    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ...) -> None: ...
 
 class ReportVersionResponse(_message.Message):
     __slots__ = ()

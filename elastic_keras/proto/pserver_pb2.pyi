@@ -40,10 +40,12 @@ class InitModelResponse(_message.Message):
     def __init__(self, initialized_now: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("known_version",)
+    __slots__ = ("known_version", "min_version")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     known_version: int
-    def __init__(self, known_version: _Optional[int] = ...) -> None: ...
+    min_version: int
+    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ...) -> None: ...
 
 class PullDenseResponse(_message.Message):
     __slots__ = ("initialized", "model_version", "dense")
@@ -98,11 +100,13 @@ class PushGradientsRequest(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., assign: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
-    __slots__ = ("accepted", "model_version", "reason")
+    __slots__ = ("accepted", "model_version", "reason", "stale")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     model_version: int
     reason: str
-    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    stale: bool
+    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ..., stale: _Optional[bool] = ...) -> None: ...

@@ -116,7 +116,7 @@ class EmbeddingTable:
         slots = self._slots_of(ids.reshape(-1))
         return np.take(self._values, slots, axis=0).reshape(*ids.shape, self.dim)
 
-    def apply(self, ids, grads, optimizer, step):
+    def apply(self, ids, grads, optimizer, step, lr_scale=1.0):
         """Applies one optimizer step to the rows of `ids`; repeated ids' gradients are summed.
 
         Everything is checked before anything changes. Rows not yet present are created first
@@ -127,6 +127,7 @@ class EmbeddingTable:
             grads: `[len(ids), dim]` gradients, castable to the table's dtype.
             optimizer: a `SparseOptimizer` whose slots this table keeps.
             step: the shard's 1-based update count, including this update.
+            lr_scale: a factor on this update's learning rate.
 
         Raises:
             PayloadError: bad ids (see `rows`), or grads of the wrong shape or dtype.
@@ -162,7 +163,7 @@ class EmbeddingTable:
         values = np.take(self._values, slots, axis=0)
         slot_rows = {name: np.take(self._slots[name], slots, axis=0)
                      for name in optimizer.slot_names}
-        optimizer.apply(values, slot_rows, grads, step)
+        optimizer.apply(values, slot_rows, grads, step, lr_scale)
         _scatter(self._values, slots, values)
         for name, rows in slot_rows.items():
             _scatter(self._slots[name], slots, rows)

@@ -29,6 +29,7 @@ from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import MasterClient
 from elastic_keras.proto import pserver_pb2_grpc
+from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer
 
@@ -68,7 +69,13 @@ def run(config, stop):
     Returns:
         The exit status.
     """
-    parameters = Parameters()
+    policy = UpdatePolicy(
+        grads_to_wait=config.grads_to_wait,
+        max_staleness=config.max_staleness,
+        lr_staleness_modulation=config.lr_staleness_modulation,
+        round_timeout_s=config.sync_round_timeout_s,
+    )
+    parameters = Parameters(policy)
     servicer = PServerServicer(parameters)
     server, port = rpc.create_server(
         [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)],
@@ -124,18 +131,29 @@ def _keep_in_touch(config, address, parameters, master, stop):
                 master.register_ps(config.ps_id, address)
                 registered = True
                 logger.info("Registered %s with the master at %s.", address, config.master_addr)
-            finished = master.heartbeat(
+            answer = master.heartbeat(
                 "ps", config.ps_id, timeout_s=min(MASTER_CALL_DEADLINE_S, time_left)
             )
+            finished = answer.job_finished
             last_answer = time.monotonic()
-            if in_outage:
+            if in_outage or answer.register_again:
                 in_outage = False
                 master.register_ps(config.ps_id, address)
                 logger.info("The master answers again; re-registered %s.", address)
             if finished:
                 logger.info("The master says the job has finished; stopping.")
                 return 0
-            master.report_version(config.ps_id, parameters.version)
+            if parameters.policy.sync:
+                parameters.set_round_size(answer.sync_round_size)
+            closed = parameters.close_expired_round()
+            master.report_version(config.ps_id, parameters.version,
+                                  parameters.staleness.counts, parameters.staleness.rejections,
+                                  parameters.pending_pushes)
+            if closed:
+                logger.warning(
+                    "A synchronous round waited %.0f s for %d pushes; applied it with %d.",
+                    parameters.policy.round_timeout_s, parameters.policy.grads_to_wait, closed,
+                )
         except grpc.RpcError as exc:
             in_outage = registered
             logger.warning(

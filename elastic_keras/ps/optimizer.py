@@ -73,6 +73,20 @@ def optimizer_from_config(config):
     return optimizer
 
 
+class _ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
+    """The optimizer's own learning rate (a value or a schedule) times a settable factor."""
+
+    def __init__(self, base, scale):
+        self._base = base
+        self._scale = scale
+
+    def __call__(self, step):
+        base = self._base
+        if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
+            base = base(step)
+        return tf.cast(base, tf.float32) * self._scale
+
+
 class OptimizerApplier:
     """Applies gradients to a fixed set of variables with one Keras optimizer.
 
@@ -87,6 +101,9 @@ class OptimizerApplier:
     def __init__(self, optimizer, variables):
         self.optimizer = optimizer
         self._variables = dict(variables)
+        # Staleness modulation scales one update's learning rate through this factor.
+        self._lr_scale = tf.Variable(1.0, trainable=False, name="lr_scale")
+        optimizer.learning_rate = _ScaledLearningRate(optimizer._learning_rate, self._lr_scale)
         optimizer.build(list(self._variables.values()))
         self._compiled = {}
         self._warned_cache_full = False
@@ -96,15 +113,18 @@ class OptimizerApplier:
         """How many times pushes have been traced into graphs (one per signature when healthy)."""
         return sum(f.experimental_get_tracing_count() for f in self._compiled.values())
 
-    def apply(self, gradients):
+    def apply(self, gradients, lr_scale=1.0):
         """Applies one step: `gradients` maps names to dense tensors or `tf.IndexedSlices`.
 
         Every gradient must already have its variable's dtype and shape (rows and row ids in
         range for `tf.IndexedSlices`); the caller has checked them. One call advances the
-        optimizer's iteration count by one; an empty `gradients` does nothing.
+        optimizer's iteration count by one; an empty `gradients` does nothing. `lr_scale`
+        multiplies the learning rate of this step only.
         """
         if not gradients:
             return
+        if self._lr_scale.numpy() != lr_scale:
+            self._lr_scale.assign(lr_scale)
         names = sorted(gradients)
         signature = tuple((name, isinstance(gradients[name], tf.IndexedSlices)) for name in names)
         function = self._compiled_for(signature)

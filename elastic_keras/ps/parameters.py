@@ -28,12 +28,14 @@ import tensorflow as tf
 from elastic_keras.common.embedding_init import check_initializer
 from elastic_keras.common.errors import ModelSpecError, NotReadyError, PayloadError
 from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.ps.consistency import StalenessStats, SyncRound, UpdatePolicy
 from elastic_keras.ps.embedding_table import EmbeddingTable
 from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config
 from elastic_keras.ps.sparse_optimizers import from_keras_config as sparse_optimizer_from_config
 from elastic_keras.ps.updates import VariableSpec, check_initial_values, prepare_update
 
 DUPLICATE = "duplicate"
+STALE = "stale"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +56,15 @@ class Push:
 
 @dataclasses.dataclass(frozen=True)
 class PushResult:
-    """`reason` is `DUPLICATE` for a push already applied, else empty."""
+    """`reason` is `DUPLICATE` for a push already applied, explains a rejection, else empty.
+
+    `stale` marks a push rejected for the version it was computed against: pull and retry.
+    """
 
     accepted: bool
     model_version: int
     reason: str = ""
+    stale: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,11 +113,16 @@ class Parameters:
     snapshots and initialisation happen under it.
     """
 
-    def __init__(self):
+    def __init__(self, policy=UpdatePolicy()):
+        self.policy = policy
         self._lock = threading.Lock()
+        self._version_changed = threading.Condition(self._lock)
         self._model = None
         self._version = 0
         self._applied_sequence = {}
+        self._round = SyncRound()
+        self._round_size = policy.grads_to_wait
+        self.staleness = StalenessStats()
 
     @property
     def initialized(self):
@@ -169,13 +180,20 @@ class Parameters:
             self._version = 0
             return InitResult(initialized_now=True, model_version=0)
 
-    def pull(self, known_version=-1):
+    def pull(self, known_version=-1, min_version=0, timeout_s=0.0):
         """The current values, or none when `known_version` is the current version.
+
+        Args:
+            known_version: the version the caller holds (-1: none).
+            min_version: wait up to `timeout_s` for the version to reach this first
+                (synchronous training: until the caller's round has been applied).
 
         Returns:
             A `PullResult`; `initialized` is False (and `dense` empty) before InitModel.
         """
         with self._lock:
+            if min_version > self._version and timeout_s > 0:
+                self._version_changed.wait_for(lambda: self._version >= min_version, timeout_s)
             model, version = self._model, self._version
             if model is None or known_version == version:
                 return PullResult(initialized=model is not None, model_version=version, dense={})
@@ -215,14 +233,64 @@ class Parameters:
             last = self._applied_sequence.get(push.worker_id)
             if last is not None and push.sequence <= last:
                 return PushResult(accepted=True, model_version=self._version, reason=DUPLICATE)
-            model.applier.apply(update.gradients)
-            for name, (ids, grads) in rows.items():
-                model.tables[name].apply(ids, grads, model.sparse_optimizer, self._version + 1)
+            staleness = self._version - push.model_version
+            if self.policy.sync and staleness != 0 or self.policy.too_stale(staleness):
+                self.staleness.rejections += 1
+                return PushResult(
+                    accepted=False, model_version=self._version, stale=True,
+                    reason=f"{STALE}: computed against version {push.model_version}, the "
+                    f"shard is at version {self._version}",
+                )
+            self._applied_sequence[push.worker_id] = push.sequence
             for name, value in update.assign.items():
                 model.variables[name].assign(value)
-            self._applied_sequence[push.worker_id] = push.sequence
-            self._version += 1
+            if self.policy.sync:
+                self._round.add(update.gradients, rows)
+                if self._round.count >= max(self._round_size, 1):
+                    self._close_round(model)
+            else:
+                self.staleness.add(staleness)
+                self._apply(model, update.gradients, rows, self.policy.lr_scale(staleness))
             return PushResult(accepted=True, model_version=self._version)
+
+    def _apply(self, model, gradients, rows, lr_scale=1.0):
+        """One optimizer step on the dense variables and table rows; bumps the version."""
+        model.applier.apply(gradients, lr_scale)
+        for name, (ids, grads) in rows.items():
+            model.tables[name].apply(ids, grads, model.sparse_optimizer, self._version + 1,
+                                     lr_scale)
+        self._version += 1
+        self._version_changed.notify_all()
+
+    def _close_round(self, model):
+        gradients, rows = self._round.averaged(self._round.count)
+        self._round = SyncRound()
+        self._apply(model, gradients, rows)
+
+    @property
+    def pending_pushes(self):
+        """Pushes in the open synchronous round."""
+        return self._round.count
+
+    def set_round_size(self, size):
+        """Pushes that close a synchronous round from now on: at most `grads_to_wait`, fewer
+        while fewer workers have training work (0: apply any open round at once)."""
+        with self._lock:
+            self._round_size = min(max(size, 0), self.policy.grads_to_wait)
+            if self._model is not None and self._round.count >= max(self._round_size, 1):
+                self._close_round(self._model)
+
+    def close_expired_round(self):
+        """Applies a synchronous round that has waited longer than the policy's timeout.
+
+        Returns the number of pushes it held (0: nothing to do).
+        """
+        with self._lock:
+            if self._model is None or not self._round.expired(self.policy.round_timeout_s):
+                return 0
+            count = self._round.count
+            self._close_round(self._model)
+            return count
 
     def _require_model(self, what):
         model = self._model

@@ -22,6 +22,9 @@ from elastic_keras.ps.parameters import Push, TableConfig
 
 logger = logging.getLogger(__name__)
 
+# The longest a pull waits for a synchronous round (the caller then asks again).
+MAX_ROUND_WAIT_S = 50.0
+
 
 @contextlib.contextmanager
 def _abort_on_domain_errors(context, method):
@@ -57,7 +60,10 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         )
 
     def PullDense(self, request, context):
-        result = self._parameters.pull(request.known_version)
+        # A synchronous worker waits for its round; leave a margin of its deadline to answer.
+        remaining = context.time_remaining()
+        wait_s = max(0.0, min(MAX_ROUND_WAIT_S, (remaining or MAX_ROUND_WAIT_S) - 1.0))
+        result = self._parameters.pull(request.known_version, request.min_version, wait_s)
         return pserver_pb2.PullDenseResponse(
             initialized=result.initialized,
             model_version=result.model_version,
@@ -76,7 +82,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                 )
             )
         return pserver_pb2.PushGradientsResponse(
-            accepted=result.accepted, model_version=result.model_version, reason=result.reason
+            accepted=result.accepted, model_version=result.model_version, reason=result.reason,
+            stale=result.stale,
         )
 
     def PullEmbedding(self, request, context):

@@ -80,7 +80,7 @@ class SparseOptimizer(abc.ABC):
             self._cached_rate = (step, rate)
         return rate
 
-    def apply(self, values, slots, grads, step):
+    def apply(self, values, slots, grads, step, lr_scale=1.0):
         """Applies one update to the rows `values` and their `slots`, in place.
 
         Args:
@@ -88,12 +88,13 @@ class SparseOptimizer(abc.ABC):
             slots: `{name: [n, dim] array}` for every name in `slot_names`.
             grads: `[n, dim]` gradients of those rows, of the same dtype (left unchanged).
             step: the 1-based global update count of the shard, including this update.
+            lr_scale: a factor on this update's learning rate (staleness modulation).
         """
         if step < 1:
             raise ValueError(f"step counts updates from 1. Received: step={step}")
         if self._loss_scale_factor is not None:
             grads = grads / self._loss_scale_factor
-        self._update(values, slots, grads, self.learning_rate(step), step)
+        self._update(values, slots, grads, self.learning_rate(step) * lr_scale, step)
 
     @abc.abstractmethod
     def _update(self, values, slots, grads, lr, step):

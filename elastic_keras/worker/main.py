@@ -42,7 +42,8 @@ def main(argv=None):
     logger.info("Worker %d of job %s: parameter servers %s", config.worker_id,
                 config.job_name, ", ".join(ps_client.addresses))
     try:
-        trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params)
+        trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,
+                          config.sync, config.max_stale_retries)
         TaskLoop(config, spec, master, trainer).run()
     finally:
         ps_client.close()

@@ -39,13 +39,21 @@ class Trainer:
         worker_id: this worker's id, sent with each push.
         embedding_threshold_params: plain Keras Embeddings larger than this are served from
             the parameter servers.
+        sync: synchronous training: after a push, wait for the round it joined before the
+            next pull, so every step computes against a new version.
+        max_stale_retries: recomputations of a minibatch rejected as stale before failing.
     """
 
-    def __init__(self, spec, ps_client, worker_id, embedding_threshold_params):
+    def __init__(self, spec, ps_client, worker_id, embedding_threshold_params=1_000_000,
+                 sync=False, max_stale_retries=20):
         self._spec = spec
         self._ps = ps_client
         self._worker_id = worker_id
         self._threshold = embedding_threshold_params
+        self._sync = sync
+        self._max_stale_retries = max_stale_retries
+        self._min_versions = None
+        self.stale_pushes = 0
         self._model = None
         self._trainable = {}
         self._fixed = {}
@@ -99,7 +107,7 @@ class Trainer:
         return self._ps.pull_embeddings({table: ids})[table]
 
     def _pull(self):
-        initialized, versions, values = self._ps.pull_dense(self._versions)
+        initialized, versions, values = self._ps.pull_dense(self._versions, self._min_versions)
         if not initialized:
             raise NotReadyError("the parameter servers hold no model yet")
         variables = {**self._trainable, **self._fixed}
@@ -131,9 +139,34 @@ class Trainer:
             return self._model(features, training=False)
 
     def train_minibatch(self, features, labels):
-        """Pulls, computes gradients, pushes; returns the minibatch's loss."""
+        """Pulls, computes gradients, pushes; returns the minibatch's loss.
+
+        A push rejected as stale is recomputed against freshly pulled values, up to
+        `max_stale_retries` times in a row.
+
+        Raises:
+            PSError: a shard refused the push for another reason, or kept finding it stale.
+        """
         self._ensure_model(features)
-        self._pull()
+        for _ in range(self._max_stale_retries + 1):
+            self._pull()
+            loss, responses = self._step_and_push(features, labels)
+            refused = [r.reason for r in responses if not r.accepted and not r.stale]
+            if refused:
+                raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
+            if not any(r.stale for r in responses):
+                if self._sync:  # wait for the rounds this push joined
+                    self._min_versions = [v + 1 for v in self._versions]
+                return loss
+            self.stale_pushes += 1
+            self._min_versions = [r.model_version for r in responses]
+        raise PSError(
+            f"The parameter servers rejected this worker's gradients as stale "
+            f"{self._max_stale_retries + 1} times in a row: "
+            f"{next(r.reason for r in responses if r.stale)}"
+        )
+
+    def _step_and_push(self, features, labels):
         loss, grads, ids, row_grads = self._train_step(features, labels)
         gradients = {
             name: grad for name, grad in zip(self._trainable, grads) if grad is not None
@@ -146,10 +179,7 @@ class Trainer:
             self._worker_id, self._sequence, self._versions, gradients,
             {name: v.numpy() for name, v in self._fixed.items()}, embedding_grads,
         )
-        rejected = [r.reason for r in responses if not r.accepted]
-        if rejected:
-            raise PSError(f"A parameter server rejected the gradients: {rejected[0]}")
-        return float(loss)
+        return float(loss), responses
 
     def evaluate(self, batches):
         """Evaluates the current model on `(features, labels)` batches.

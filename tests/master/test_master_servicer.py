@@ -173,10 +173,10 @@ def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, mas
 
 
 def test_heartbeat_says_when_the_job_has_finished(client, master):
-    assert client.heartbeat("ps", 0) is False
-    assert client.heartbeat("worker", 1) is False
+    assert client.heartbeat("ps", 0).job_finished is False
+    assert client.heartbeat("worker", 1).job_finished is False
     master.job_finished = True
-    assert client.heartbeat("ps", 0) is True
+    assert client.heartbeat("ps", 0).job_finished is True
 
 
 def test_report_version_raises_the_model_version(client, master):

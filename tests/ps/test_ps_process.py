@@ -25,16 +25,20 @@ class MinimalMaster(master_pb2_grpc.MasterServicer):
 
     def __init__(self):
         self.registrations = queue.Queue()
+        self.registered = False
         self.finished = threading.Event()
         self._versions = []
         self._versions_changed = threading.Condition()
 
     def RegisterPS(self, request, context):
+        self.registered = True
         self.registrations.put((request.ps_id, request.address))
         return master_pb2.RegisterPSResponse()
 
     def Heartbeat(self, request, context):
-        return master_pb2.HeartbeatResponse(job_finished=self.finished.is_set())
+        return master_pb2.HeartbeatResponse(
+            job_finished=self.finished.is_set(), register_again=not self.registered
+        )
 
     def ReportVersion(self, request, context):
         with self._versions_changed:
@@ -188,7 +192,7 @@ def test_run_re_registers_with_a_restarted_master_and_stops_when_told(
     master.server.stop(0).wait()
     restarted = serve(MinimalMaster(), port=int(master.address.rsplit(":", 1)[1]))
     try:
-        assert restarted.registrations.get(timeout=10)[1] == address
+        assert restarted.registrations.get(timeout=30)[1] == address
         restarted.finished.set()
         thread.join(timeout=10)
         assert result == [0]

@@ -1,0 +1,104 @@
+"""How a shard turns pushes into updates: synchronous rounds or asynchronous staleness rules.
+
+Synchronous (`grads_to_wait` K >= 1): a push must be computed against the shard's current
+version. The shard adds it to the open round; the K-th push closes the round: the K
+gradients are averaged (dense gradients element-wise; sparse rows by id, an id missing from
+a push counting as a zero row, which is the gradient of the mean loss over the union of
+the K minibatches) and applied once, and the version goes up by one. A push against an older
+version is rejected as stale; the worker pulls and recomputes. A round that has waited
+`round_timeout_s` since its first push is applied with the pushes it has, averaged over
+their number, so a worker that died or left mid-round cannot stall training.
+
+Asynchronous (K = 0): a push is applied at once. Its staleness is the shard's version minus
+the version it was computed against. With `max_staleness` S > 0 a push staler than S is
+rejected; with `lr_staleness_modulation` the learning rate of that update is divided by
+max(1, staleness).
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+import tensorflow as tf
+
+STALENESS_BUCKETS = 16  # staleness 0 .. 15 counted apiece, 16 and more together
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdatePolicy:
+    """A shard's consistency settings; the default is asynchronous with no bound."""
+
+    grads_to_wait: int = 0
+    max_staleness: int = 0
+    lr_staleness_modulation: bool = False
+    round_timeout_s: float = 30.0
+
+    @property
+    def sync(self):
+        return self.grads_to_wait > 0
+
+    def lr_scale(self, staleness):
+        """The learning-rate factor of an asynchronous update of this staleness."""
+        return 1.0 / max(1, staleness) if self.lr_staleness_modulation else 1.0
+
+    def too_stale(self, staleness):
+        return self.max_staleness > 0 and staleness > self.max_staleness
+
+
+class StalenessStats:
+    """Counts of applied pushes by staleness, and of pushes rejected as stale."""
+
+    def __init__(self):
+        self.counts = [0] * STALENESS_BUCKETS
+        self.rejections = 0
+
+    def add(self, staleness):
+        self.counts[min(max(staleness, 0), STALENESS_BUCKETS - 1)] += 1
+
+
+class SyncRound:
+    """The pushes gathered for one synchronous update, summed as they arrive."""
+
+    def __init__(self):
+        self.count = 0
+        self.started = None
+        self._dense = {}    # name -> summed tensor, or list of IndexedSlices
+        self._rows = {}     # table -> [(ids, grads)]
+
+    def add(self, gradients, rows):
+        """Adds one push: prepared dense `gradients` and table `rows` {table: (ids, grads)}."""
+        if self.count == 0:
+            self.started = time.monotonic()
+        self.count += 1
+        for name, gradient in gradients.items():
+            if isinstance(gradient, tf.IndexedSlices):
+                self._dense.setdefault(name, []).append(gradient)
+            elif name in self._dense:
+                self._dense[name] = self._dense[name] + gradient
+            else:
+                self._dense[name] = gradient
+        for table, pair in rows.items():
+            self._rows.setdefault(table, []).append(pair)
+
+    def expired(self, timeout_s):
+        return self.count > 0 and time.monotonic() - self.started >= timeout_s
+
+    def averaged(self, divisor):
+        """(dense gradients, table rows) of the round, divided by `divisor`."""
+        scale = 1.0 / divisor
+        dense = {}
+        for name, gradient in self._dense.items():
+            if isinstance(gradient, list):
+                ids, index = tf.unique(tf.concat([g.indices for g in gradient], 0))
+                values = tf.math.unsorted_segment_sum(
+                    tf.concat([g.values for g in gradient], 0), index, tf.shape(ids)[0]
+                )
+                dense[name] = tf.IndexedSlices(values * scale, ids, gradient[0].dense_shape)
+            else:
+                dense[name] = gradient * scale
+        rows = {}
+        for table, pairs in self._rows.items():
+            ids = np.concatenate([i for i, _ in pairs])
+            grads = np.concatenate([g for _, g in pairs]) * np.asarray(scale, pairs[0][1].dtype)
+            rows[table] = (ids, grads)  # the table sums repeated ids
+        return dense, rows
