@@ -129,6 +129,11 @@ class JobConfig:
         20, help="How many times in a row a worker recomputes a minibatch whose push was "
         "rejected as stale before it fails the task."
     )
+    overlap_communication: bool = _flag(
+        True, help="Asynchronous training without --max-staleness: workers push a step's "
+        "gradients and pull fresh values while the next step computes (that step then "
+        "misses the worker's own previous update)."
+    )
     host: str = _flag("127.0.0.1", help="Address the master and parameter servers bind to.")
     port: int = _flag(0, help="Master port; 0 picks a free one.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
@@ -190,6 +195,8 @@ class JobConfig:
             embedding_threshold_params=self.embedding_threshold_params,
             sync=self.grads_to_wait > 0,
             max_stale_retries=self.max_stale_retries,
+            overlap=(self.overlap_communication and not self.grads_to_wait
+                     and not self.max_staleness),
             job_name=self.job_name,
             log_level=self.log_level,
         )
@@ -242,6 +249,7 @@ class WorkerConfig:
     )
     sync: bool = _flag(False, help="Synchronous training: wait for each round's update.")
     max_stale_retries: int = _flag(20, help="Recomputations of a stale minibatch allowed.")
+    overlap: bool = _flag(False, help="Push and pull in the background while computing.")
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 

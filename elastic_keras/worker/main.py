@@ -43,7 +43,7 @@ def main(argv=None):
                 config.job_name, ", ".join(ps_client.addresses))
     try:
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,
-                          config.sync, config.max_stale_retries)
+                          config.sync, config.max_stale_retries, config.overlap)
         TaskLoop(config, spec, master, trainer).run()
     finally:
         ps_client.close()

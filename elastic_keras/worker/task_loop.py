@@ -86,11 +86,13 @@ class TaskLoop:
             pending.append(loss)
             state["records_done"] = min(size, state["records_done"] + _batch_size(labels))
             if step % every == 0:
+                self._trainer.flush()  # what is reported as trained has landed
                 self._master.report_progress(
                     self._config.worker_id, task.task_id, state["records_done"],
                     sum(pending) / len(pending), self._trainer.model_version,
                 )
                 pending = []
+        self._trainer.flush()
 
     def _evaluate(self, task, state):
         states = self._trainer.evaluate(self._batches(task, Mode.EVALUATION))

@@ -6,6 +6,7 @@ compiled with `tf.function` unless the model cannot be traced, in which case it 
 eagerly (with a warning).
 """
 
+import concurrent.futures
 import json
 import logging
 import time
@@ -42,10 +43,14 @@ class Trainer:
         sync: synchronous training: after a push, wait for the round it joined before the
             next pull, so every step computes against a new version.
         max_stale_retries: recomputations of a minibatch rejected as stale before failing.
+        overlap: asynchronous training without a staleness bound only: push a step's
+            gradients and pull fresh values in the background while the next step computes.
+            That step then misses this worker's previous update (staleness 1), which
+            asynchronous training allows; a rejected push could not be recomputed.
     """
 
     def __init__(self, spec, ps_client, worker_id, embedding_threshold_params=1_000_000,
-                 sync=False, max_stale_retries=20):
+                 sync=False, max_stale_retries=20, overlap=False):
         self._spec = spec
         self._ps = ps_client
         self._worker_id = worker_id
@@ -54,6 +59,10 @@ class Trainer:
         self._max_stale_retries = max_stale_retries
         self._min_versions = None
         self.stale_pushes = 0
+        self._overlap = overlap and not sync
+        self._background = (concurrent.futures.ThreadPoolExecutor(1, "push-pull")
+                            if self._overlap else None)
+        self._pending = None  # the background push and pull of the previous step
         self._model = None
         self._trainable = {}
         self._fixed = {}
@@ -107,7 +116,9 @@ class Trainer:
         return self._ps.pull_embeddings({table: ids})[table]
 
     def _pull(self):
-        initialized, versions, values = self._ps.pull_dense(self._versions, self._min_versions)
+        self._assign(*self._ps.pull_dense(self._versions, self._min_versions))
+
+    def _assign(self, initialized, versions, values):
         if not initialized:
             raise NotReadyError("the parameter servers hold no model yet")
         variables = {**self._trainable, **self._fixed}
@@ -148,9 +159,11 @@ class Trainer:
             PSError: a shard refused the push for another reason, or kept finding it stale.
         """
         self._ensure_model(features)
+        if self._overlap:
+            return self._train_overlapped(features, labels)
         for _ in range(self._max_stale_retries + 1):
             self._pull()
-            loss, responses = self._step_and_push(features, labels)
+            loss, responses = self._push(*self._step(features, labels))
             refused = [r.reason for r in responses if not r.accepted and not r.stale]
             if refused:
                 raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
@@ -166,20 +179,57 @@ class Trainer:
             f"{next(r.reason for r in responses if r.stale)}"
         )
 
-    def _step_and_push(self, features, labels):
+    def _step(self, features, labels):
+        """Runs the step; returns (loss, dense gradients, fixed values, embedding rows)."""
         loss, grads, ids, row_grads = self._train_step(features, labels)
         gradients = {
-            name: grad for name, grad in zip(self._trainable, grads) if grad is not None
+            name: grad.numpy() if isinstance(grad, tf.Tensor) else grad
+            for name, grad in zip(self._trainable, grads) if grad is not None
         }
         embedding_grads = merge_row_gradients(
             [(table, i.numpy()) for table, i in zip(self._looked_up, ids)], row_grads
         )
+        fixed = {name: v.numpy() for name, v in self._fixed.items()}
+        return float(loss), gradients, fixed, embedding_grads
+
+    def _push(self, loss, gradients, fixed, embedding_grads):
         self._sequence += 1
         responses = self._ps.push_gradients(
-            self._worker_id, self._sequence, self._versions, gradients,
-            {name: v.numpy() for name, v in self._fixed.items()}, embedding_grads,
+            self._worker_id, self._sequence, self._versions, gradients, fixed, embedding_grads
         )
-        return float(loss), responses
+        return loss, responses
+
+    def _train_overlapped(self, features, labels):
+        if self._versions is None:
+            self._pull()
+        computed_against = list(self._versions)
+        loss, *payload = self._step(features, labels)
+        self.flush()  # the previous push is in and its pull assigned, after this step ran
+        self._sequence += 1
+        self._pending = self._background.submit(
+            self._push_and_pull, self._sequence, computed_against, *payload
+        )
+        return loss
+
+    def _push_and_pull(self, sequence, versions, gradients, fixed, embedding_grads):
+        responses = self._ps.push_gradients(self._worker_id, sequence, versions, gradients,
+                                            fixed, embedding_grads)
+        return responses, self._ps.pull_dense()
+
+    def flush(self):
+        """Waits for the background push of the last step (overlapped training) to land.
+
+        Raises:
+            PSError: a shard refused it.
+        """
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        responses, pulled = pending.result()
+        refused = [r.reason for r in responses if not r.accepted]
+        if refused:
+            raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
+        self._assign(*pulled)
 
     def evaluate(self, batches):
         """Evaluates the current model on `(features, labels)` batches.
@@ -187,6 +237,7 @@ class Trainer:
         Returns:
             The metrics' states as `MetricState` messages, for the master to add up.
         """
+        self.flush()
         metrics = None
         for features, labels in batches:
             self._ensure_model(features)
