@@ -1,11 +1,17 @@
-"""`python -m bench {all,dense} [--quick]`: runs benchmarks, one JSON line per result."""
+"""`python -m bench {all,dense,codec,embedding_table,sparse} [--quick]`: runs benchmarks, one
+JSON line per result."""
 
 import argparse
 import tempfile
 
-from bench import dense
+from bench import codec, dense, embedding_table, sparse
 
-SUITES = {"dense": dense.run}
+SUITES = {
+    "dense": dense.run,
+    "codec": codec.run,
+    "embedding_table": embedding_table.run,
+    "sparse": sparse.run,
+}
 
 
 def main():

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 PS_REGISTRATION_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
+ROLE_EXIT_GRACE_S = 10.0  # after a good end, how long roles get to exit on their own
 _TICK_S = 0.2
 
 
@@ -48,10 +49,7 @@ class Master:
         self.config = config
         self.spec = spec
         self.console = console or Console(show_role_info=config.log_level == "debug")
-        log_dir = os.path.join(config.output, "logs") if config.output else ""
-        self.engine = engine or instance_manager.create(
-            "local", log_dir=log_dir, on_line=self.console.role_line
-        )
+        self.engine = engine  # the local engine by default, made once the data checks out
         self.membership = Membership(config.num_ps)
         self.throughput = Throughput()
         self.job_finished = False      # tells roles to exit
@@ -127,20 +125,26 @@ class Master:
         """Runs the job to its end and returns its `JobSummary` (also written to --output)."""
         started = time.time()
         server = None
+        # Bad data ends the job here, before anything is launched or written.
+        self._shards = list_shards(self.config.training_data, self.config.index_cache_dir)
+        eval_shards = (
+            list_shards(self.config.validation_data, self.config.index_cache_dir,
+                        flag="--validation-data")
+            if self.config.validation_data else []
+        )
+        self.tasks = TaskManager(
+            [(s.path, s.num_records) for s in self._shards],
+            self.config.records_per_task, self.config.num_epochs,
+            self.config.max_task_retries,
+            [(s.path, s.num_records) for s in eval_shards],
+            seed=None if self.config.shuffle_seed < 0 else self.config.shuffle_seed,
+        )
+        if self.engine is None:
+            log_dir = os.path.join(self.config.output, "logs") if self.config.output else ""
+            self.engine = instance_manager.create(
+                "local", log_dir=log_dir, on_line=self.console.role_line
+            )
         try:
-            self._shards = list_shards(self.config.training_data, self.config.index_cache_dir)
-            eval_shards = (
-                list_shards(self.config.validation_data, self.config.index_cache_dir,
-                            flag="--validation-data")
-                if self.config.validation_data else []
-            )
-            self.tasks = TaskManager(
-                [(s.path, s.num_records) for s in self._shards],
-                self.config.records_per_task, self.config.num_epochs,
-                self.config.max_task_retries,
-                [(s.path, s.num_records) for s in eval_shards],
-                seed=None if self.config.shuffle_seed < 0 else self.config.shuffle_seed,
-            )
             server, port = rpc.create_server(
                 [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), s)],
                 self.config.host, self.config.port,
@@ -276,8 +280,14 @@ class Master:
             client.close()
 
     def _shutdown(self, server):
+        """Lets roles exit on their own after a good end (workers when told there are no
+        more tasks, PS at their next heartbeat), then stops whatever is left."""
         self.no_more_tasks = True
+        if not self._error and not (self.tasks and self.tasks.failed):
+            self._wait_for_exits(RoleType.WORKER, ROLE_EXIT_GRACE_S)
         self.job_finished = True
+        if not self._error and not (self.tasks and self.tasks.failed):
+            self._wait_for_exits(RoleType.PS, ROLE_EXIT_GRACE_S)
         self.engine.stop_all(STOP_GRACE_S)
         for exit_ in self.engine.poll():
             if not exit_.succeeded:
@@ -285,6 +295,16 @@ class Master:
         if server is not None:
             server.stop(grace=1.0)
         self.console.close()
+
+    def _wait_for_exits(self, role_type, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while any(r.type == role_type for r in self.engine.running()):
+            if time.monotonic() > deadline:
+                return
+            for exit_ in self.engine.poll():
+                if not exit_.succeeded:
+                    self._role_exits.append(exit_)
+            time.sleep(_TICK_S)
 
     def _summary(self, started):
         now = time.time()

@@ -148,8 +148,9 @@ CLICK_SPEC = {
 def _generate(output, rows, num_shards, seed):
     """Runs the click-log generator as a user does."""
     result = subprocess.run(
-        [sys.executable, "-m", "model_zoo.deepfm.generate", "--output", str(output), "--rows",
-         str(rows), "--num-shards", str(num_shards), "--vocab-size", str(VOCAB_SIZE), "--seed", str(seed)],
+        [sys.executable, "-m", "model_zoo.deepfm.generate", "--output", str(output),
+         "--rows", str(rows), "--num-shards", str(num_shards),
+         "--vocab-size", str(VOCAB_SIZE), "--seed", str(seed)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]

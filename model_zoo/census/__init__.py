@@ -1,0 +1,1 @@
+"""Wide & deep on the UCI Adult census income data."""

@@ -1,0 +1,1 @@
+"""DeepFM over a hashed feature space, with a synthetic click-log generator."""
