@@ -4,13 +4,14 @@ JSON line per result."""
 import argparse
 import tempfile
 
-from bench import codec, dense, embedding_table, sparse
+from bench import codec, dense, embedding_table, sparse, transfer
 
 SUITES = {
     "dense": dense.run,
     "codec": codec.run,
     "embedding_table": embedding_table.run,
     "sparse": sparse.run,
+    "transfer": transfer.run,
 }
 
 

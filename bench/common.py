@@ -60,3 +60,67 @@ def mnist_records(work_dir):
         cwd=ROOT, check=True, capture_output=True,
     )
     return out / "records"
+
+
+class ChildServer:
+    """A `python -m MODULE serve ARGS...` child process: it prints the ports it serves on
+    (one line, space-separated), then serves until its stdin closes (`close`). A child may
+    also take requests, one line each, and answer each with a line of ports (`ask`)."""
+
+    def __init__(self, module, *args):
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", module, "serve", *map(str, args)], cwd=ROOT, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_VERBOSITY": "ERROR"},
+        )
+        self._what = f"{module} serve {' '.join(map(str, args))}"
+        self._read_ports()
+
+    def _read_ports(self):
+        line = self._process.stdout.readline()
+        if not line.split() or not all(port.isdigit() for port in line.split()):
+            self.close()
+            raise RuntimeError(f"{self._what} did not answer with ports: {line!r}")
+        self.addresses = [f"127.0.0.1:{int(port)}" for port in line.split()]
+        self.address = self.addresses[0]
+
+    def ask(self, request):
+        """Sends the child one line; returns the addresses it then serves on."""
+        self._process.stdin.write(request + "\n")
+        self._process.stdin.flush()
+        self._read_ports()
+        return self.addresses
+
+    def peak_rss_mb(self):
+        """The child's largest resident set so far (VmHWM), in MB."""
+        with open(f"/proc/{self._process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+        return 0.0
+
+    def close(self):
+        self._process.stdin.close()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def serve_until_stdin_closes(servers_and_ports):
+    """Prints the ports for the parent (`ChildServer`), then serves until stdin closes.
+
+    Args:
+        servers_and_ports: `(server, port)` pairs, as `rpc.create_server` returns them.
+    """
+    print(" ".join(str(port) for _, port in servers_and_ports), flush=True)
+    sys.stdin.read()
+    for server, _ in servers_and_ports:
+        server.stop(0)

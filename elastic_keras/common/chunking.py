@@ -1,11 +1,12 @@
 """Wire tensors to and from a stream of compressed, checksummed chunks.
 
-`split_tensors` turns encoded `Tensor` messages into stream messages for a gRPC streaming
-call; `join_tensors` (or a `TensorJoiner` fed one message at a time) turns them back. The
-stream is the format of `protos/elastic_keras/proto/transfer.proto`: per tensor, a
-`TensorHeader`, then its content chunks, then its ids chunks (sparse tensors), each chunk at
-most `chunk_bytes` of raw data, compressed on its own (see `compression`) and carrying the
-CRC-32C of the bytes sent and its raw size.
+`split_tensors` turns encoded `Tensor` messages (or `tensor_codec.WireTensor`s, whose bytes
+are views of arrays) into stream messages for a gRPC streaming call; `join_tensors` (or a
+`TensorJoiner` fed one message at a time) turns them back. The stream is the format of
+`protos/elastic_keras/proto/transfer.proto`: per tensor, a `TensorHeader`, then its content
+chunks, then its ids chunks (sparse tensors), each chunk at most `chunk_bytes` of raw data,
+compressed on its own (see `compression`) and carrying the CRC-32C of the bytes sent and its
+raw size.
 
 A small tensor is one chunk, and many small tensors share one stream message. A stream
 message holds at most about `chunk_bytes` of chunk data (one chunk when chunks are large).
@@ -13,7 +14,9 @@ message holds at most about `chunk_bytes` of chunk data (one chunk when chunks a
 Joining checks what the transport could get wrong: every chunk's checksum, codec and size,
 and that no chunk is missing, duplicated or out of order. It raises `PayloadError` naming the
 tensor and the chunk, and gives nothing back for a stream with any fault. It does not check
-that the bytes fit the dtype and shape: `tensor_codec.decode` does that, as for any tensor.
+that the bytes fit the dtype and shape: `tensor_codec.decode` does that, as for any tensor
+(except that a joiner filling buffers checks the sizes a header announces against its dtype
+and shape before allocating them).
 
 Example:
 
@@ -27,7 +30,7 @@ Example:
 
 import google_crc32c
 
-from elastic_keras.common import compression
+from elastic_keras.common import compression, tensor_codec
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.proto import tensor_pb2, transfer_pb2
 
@@ -47,7 +50,9 @@ def split_tensors(tensors, codec="auto", chunk_bytes=DEFAULT_CHUNK_BYTES,
     compressed at a time, as the iterator is consumed (e.g. by gRPC as it sends).
 
     Args:
-        tensors: `tensor_pb2.Tensor` messages (from `tensor_codec.encode`).
+        tensors: `tensor_pb2.Tensor` messages (from `tensor_codec.encode`), or
+            `tensor_codec.WireTensor`s (from `tensor_codec.wire_tensor`), which save copying
+            each tensor's bytes whole: only chunks are copied, into the messages.
         codec: a name in `compression.CODEC_NAMES`, or a `compression.Codec`.
         chunk_bytes: the most raw bytes of one field of one tensor in one chunk.
         message_type: the stream's message class: `TransferMessage`, or an RPC's own message
@@ -68,8 +73,8 @@ def _split(tensors, codec, chunk_bytes, message_type):
     message, message_bytes = message_type(), 0
     for tensor in tensors:
         # Every read of a bytes field copies it out of the message: read each once.
-        fields = ((transfer_pb2.CHUNK_CONTENT, tensor.content),
-                  (transfer_pb2.CHUNK_IDS, tensor.ids))
+        fields = ((transfer_pb2.CHUNK_CONTENT, _bytes_view(tensor.content)),
+                  (transfer_pb2.CHUNK_IDS, _bytes_view(tensor.ids)))
         header = message.pieces.add().header
         header.name = tensor.name
         header.dtype = tensor.dtype
@@ -102,6 +107,11 @@ def _split(tensors, codec, chunk_bytes, message_type):
         yield message
 
 
+def _bytes_view(data):
+    """`data` itself when `bytes`, else a flat byte view of it (so `len` counts bytes)."""
+    return data if isinstance(data, bytes) else memoryview(data).cast("B")
+
+
 def join_tensors(messages):
     """The `Tensor`s carried by a whole stream of messages, in the order they were sent.
 
@@ -119,17 +129,34 @@ def join_tensors(messages):
 
 
 class _Field:
-    """One field of the tensor being received: its announced chunks and what came so far."""
+    """One field of the tensor being received: its announced chunks and what came so far.
 
-    def __init__(self, kind, size, count):
+    With `into_buffer`, chunks are decompressed straight into one buffer of the announced
+    size; else each chunk's bytes are kept and joined at the end.
+    """
+
+    def __init__(self, kind, size, count, into_buffer):
         self.kind, self.size, self.count = kind, size, count
         self.parts, self.received, self.next_index = [], 0, 0
+        self.buffer = bytearray(size) if into_buffer else None
 
     @property
     def label(self):
         return f"{_FIELD_NAMES[self.kind]}[{self.next_index}] of {self.count}"
 
+    def take(self, codec, data, raw_size):
+        """Decompresses one chunk's `data` (raises `PayloadError` on a fault)."""
+        if self.buffer is None:
+            self.parts.append(codec.decompress(data, raw_size))
+        else:
+            end = self.received + raw_size
+            codec.decompress_into(data, memoryview(self.buffer)[self.received:end])
+        self.received += raw_size
+        self.next_index += 1
+
     def value(self):
+        if self.buffer is not None:
+            return self.buffer
         return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
 
 
@@ -139,6 +166,12 @@ class TensorJoiner:
     Feed every message of a stream to `add`, then call `finish` once. A streaming servicer
     may read its own fields of each message (e.g. a request-level one) beside `add`.
 
+    Args:
+        messages: give back `Tensor` messages (True), or `tensor_codec.WireTensor`s (False)
+            whose `content` and `ids` are `bytearray`s filled chunk by chunk: the tensor's
+            bytes are written once, not joined and copied into a message (and copied out
+            again when read).
+
     Example:
 
         joiner = TensorJoiner()
@@ -147,7 +180,8 @@ class TensorJoiner:
         tensors = joiner.finish()
     """
 
-    def __init__(self):
+    def __init__(self, messages=True):
+        self._messages = messages
         self._tensors = []
         self._header = None   # of the tensor being received
         self._fields = ()     # its content and ids _Fields
@@ -191,11 +225,19 @@ class TensorJoiner:
                     f"the header must announce between 1 and {label}_size {label} chunks, "
                     f"or 0 for 0 bytes", f"{label}_size={size}, {label}_chunks={count}",
                     name=header.name)
-            fields.append(_Field(kind, size, count))
+            fields.append((kind, size, count))
+        if not self._messages:  # check before allocating what the header announces
+            expected = tensor_codec.byte_sizes(header)
+            announced = (fields[0][1], fields[1][1])
+            if announced != expected:
+                raise self._error(
+                    f"the header must announce {expected[0]} content and {expected[1]} ids "
+                    f"bytes for its dtype and shape",
+                    f"content_size={announced[0]}, ids_size={announced[1]}", name=header.name)
         self._header = transfer_pb2.TensorHeader()
         self._header.CopyFrom(header)  # keeps no reference into the caller's message
-        self._fields = fields
-        self._pending = [field for field in fields if field.count]
+        self._fields = [_Field(*field, into_buffer=not self._messages) for field in fields]
+        self._pending = [field for field in self._fields if field.count]
         if not self._pending:
             self._complete()
 
@@ -230,12 +272,9 @@ class TensorJoiner:
             raise self._error(f"{where} fails its CRC-32C check (corrupted in transit)",
                               f"crc32c 0x{chunk.crc32c:08x} sent, 0x{crc:08x} of the data")
         try:
-            raw = compression.wire_codec(chunk.codec).decompress(data, chunk.raw_size)
+            field.take(compression.wire_codec(chunk.codec), data, chunk.raw_size)
         except PayloadError as exc:
             raise PayloadError(f"Tensor {self._header.name!r}: {where}: {exc}") from exc
-        field.parts.append(raw)
-        field.received += chunk.raw_size
-        field.next_index += 1
         if field.next_index == field.count:
             self._pending.pop(0)
             if not self._pending:
@@ -244,7 +283,12 @@ class TensorJoiner:
     def _complete(self):
         header = self._header
         content, ids = (field.value() for field in self._fields)
-        self._tensors.append(tensor_pb2.Tensor(
-            name=header.name, dtype=header.dtype, shape=header.shape,
-            dense_shape=header.dense_shape, content=content, ids=ids))
+        if self._messages:
+            self._tensors.append(tensor_pb2.Tensor(
+                name=header.name, dtype=header.dtype, shape=header.shape,
+                dense_shape=header.dense_shape, content=content, ids=ids))
+        else:
+            self._tensors.append(tensor_codec.WireTensor(
+                header.name, header.dtype, tuple(header.shape), content, ids,
+                tuple(header.dense_shape)))
         self._header, self._fields, self._pending, self._last = None, (), [], header.name

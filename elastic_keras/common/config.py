@@ -18,9 +18,13 @@ import dataclasses
 import re
 from typing import Any
 
+from elastic_keras.common.chunking import DEFAULT_CHUNK_BYTES
+from elastic_keras.common.compression import CODEC_NAMES
 from elastic_keras.common.errors import ConfigError
+from elastic_keras.common.tensor_stream import TRANSFER_DTYPE_NAMES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 10, 256 << 20
 
 
 def _flag(default=dataclasses.MISSING, help="", required=False, choices=None):
@@ -55,6 +59,32 @@ def _check_choice(config, name, choices):
         raise ConfigError(
             f"--{name.replace('_', '-')} must be one of {', '.join(choices)}. Received: {value!r}"
         )
+
+
+def _check_transfer(config):
+    """The transfer flags every role shares: --compression, --chunk-bytes, --transfer-dtype."""
+    _check_choice(config, "compression", CODEC_NAMES)
+    _check_choice(config, "transfer_dtype", TRANSFER_DTYPE_NAMES)
+    if not MIN_CHUNK_BYTES <= config.chunk_bytes <= MAX_CHUNK_BYTES:
+        raise ConfigError(
+            f"--chunk-bytes must be between {MIN_CHUNK_BYTES} and {MAX_CHUNK_BYTES}. "
+            f"Received: {config.chunk_bytes!r}"
+        )
+
+
+# The help of the transfer flags, shared by the job's and the roles' configs.
+_COMPRESSION_HELP = (
+    "How gradients and pulled parameters are compressed, chunk by chunk: none, snappy, lz4, "
+    "or auto (snappy, keeping only chunks it shrinks by 10% or more)."
+)
+_CHUNK_BYTES_HELP = (
+    "Pushes and pulls larger than this many bytes are split into chunks of at most this "
+    "size, each compressed and checksummed on its own, and streamed."
+)
+_TRANSFER_DTYPE_HELP = (
+    "Precision of gradients, pulled parameters and embedding rows on the wire: float32 "
+    "(as they are), float16 or bfloat16. The parameter servers keep float32."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +164,15 @@ class JobConfig:
         "gradients and pull fresh values while the next step computes (that step then "
         "misses the worker's own previous update)."
     )
+    compression: str = _flag("auto", help=_COMPRESSION_HELP)
+    chunk_bytes: int = _flag(DEFAULT_CHUNK_BYTES, help=_CHUNK_BYTES_HELP)
+    transfer_dtype: str = _flag("float32", help=_TRANSFER_DTYPE_HELP)
     host: str = _flag("127.0.0.1", help="Address the master and parameter servers bind to.")
     port: int = _flag(0, help="Master port; 0 picks a free one.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 
     def __post_init__(self):
+        _check_transfer(self)
         _check_positive(
             self, "num_workers", "num_ps", "minibatch_size", "num_minibatches_per_task",
             "num_epochs", "progress_report_minibatches",
@@ -177,6 +211,9 @@ class JobConfig:
             max_staleness=self.max_staleness,
             lr_staleness_modulation=self.lr_staleness_modulation,
             sync_round_timeout_s=self.sync_round_timeout_s,
+            compression=self.compression,
+            chunk_bytes=self.chunk_bytes,
+            transfer_dtype=self.transfer_dtype,
             job_name=self.job_name,
             host=self.host,
             log_level=self.log_level,
@@ -195,6 +232,9 @@ class JobConfig:
             embedding_threshold_params=self.embedding_threshold_params,
             sync=self.grads_to_wait > 0,
             max_stale_retries=self.max_stale_retries,
+            compression=self.compression,
+            chunk_bytes=self.chunk_bytes,
+            transfer_dtype=self.transfer_dtype,
             overlap=(self.overlap_communication and not self.grads_to_wait
                      and not self.max_staleness),
             job_name=self.job_name,
@@ -217,12 +257,16 @@ class PSConfig:
     sync_round_timeout_s: float = _flag(
         30.0, help="Apply a synchronous round short of pushes after this many seconds."
     )
+    compression: str = _flag("auto", help="Codec of streamed pulls' chunks.")
+    chunk_bytes: int = _flag(DEFAULT_CHUNK_BYTES, help="Chunk size of streamed pulls.")
+    transfer_dtype: str = _flag("float32", help="Precision of pulled parameters and rows.")
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     host: str = _flag("127.0.0.1", help="Address to bind to.")
     port: int = _flag(0, help="Port to bind to; 0 picks a free one.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 
     def __post_init__(self):
+        _check_transfer(self)
         _check_positive(self, "num_ps")
         _check_non_negative(self, "ps_id", "port", "grads_to_wait", "max_staleness")
         if self.ps_id >= self.num_ps:
@@ -249,11 +293,15 @@ class WorkerConfig:
     )
     sync: bool = _flag(False, help="Synchronous training: wait for each round's update.")
     max_stale_retries: int = _flag(20, help="Recomputations of a stale minibatch allowed.")
+    compression: str = _flag("auto", help="Codec of pushed chunks.")
+    chunk_bytes: int = _flag(DEFAULT_CHUNK_BYTES, help="Chunk size of streamed pushes.")
+    transfer_dtype: str = _flag("float32", help="Precision of pushed gradients.")
     overlap: bool = _flag(False, help="Push and pull in the background while computing.")
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 
     def __post_init__(self):
+        _check_transfer(self)
         _check_non_negative(self, "worker_id", "embedding_threshold_params")
         _check_positive(self, "minibatch_size", "num_ps", "progress_report_minibatches")
         _check_choice(self, "log_level", LOG_LEVELS)

@@ -5,6 +5,11 @@ sparse tensor (a `tf.IndexedSlices`, or rows of an embedding table) also carries
 ids of its rows and the dense shape of the whole tensor. Decoding checks everything a peer
 could get wrong and raises `PayloadError` before any value is used.
 
+`encode` builds a `Tensor` message. `wire_tensor` gives the same fields as a `WireTensor`
+whose bytes are views of the arrays, without copying them: what a chunked stream sends
+(`chunking.split_tensors`) and gives back (`chunking.TensorJoiner(messages=False)`), since
+every write or read of a message's bytes field copies the bytes. `decode` reads either.
+
 Example:
 
     >>> import numpy as np
@@ -30,6 +35,18 @@ _TO_WIRE = {
     np.dtype(np.int64): tensor_pb2.DT_INT64,
 }
 _FROM_WIRE = {wire: dtype.newbyteorder("<") for dtype, wire in _TO_WIRE.items()}
+
+
+class WireTensor(NamedTuple):
+    """The fields of a wire `Tensor`, with `content` and `ids` as byte buffers (a `memoryview`
+    of the arrays, `bytes` or `bytearray`) instead of copies held by a message."""
+
+    name: str
+    dtype: int
+    shape: tuple
+    content: object
+    ids: object = b""
+    dense_shape: tuple = ()
 
 
 class Slices(NamedTuple):
@@ -64,10 +81,57 @@ def _to_numpy(value):
     return np.asarray(value)
 
 
-def _raw(array):
+def _raw(array, dtype=None):
+    """A flat byte view of `array` as contiguous little-endian `dtype`; copies only if it is
+    not already laid out so."""
     array = np.asarray(array)
-    little = array.dtype.newbyteorder("<")
-    return np.ascontiguousarray(array, dtype=little).tobytes()
+    little = np.dtype(dtype or array.dtype).newbyteorder("<")
+    return memoryview(np.ascontiguousarray(array, dtype=little).reshape(-1).view(np.uint8))
+
+
+def as_numpy(value):
+    """`value` as a numpy array, or as `Slices` of numpy arrays when it is sparse.
+
+    Args:
+        value: a numpy array (or array-like), TF tensor or variable, `tf.IndexedSlices` or
+            `Slices`.
+    """
+    if isinstance(value, Slices):
+        return value
+    if hasattr(value, "indices") and hasattr(value, "values"):  # tf.IndexedSlices
+        dense_shape = () if value.dense_shape is None else _to_numpy(value.dense_shape)
+        return Slices(_to_numpy(value.values), _to_numpy(value.indices), tuple(dense_shape))
+    return _to_numpy(value)
+
+
+def wire_tensor(name, value):
+    """Like `encode`, a `WireTensor` whose bytes are views of `value`'s arrays (no copy when
+    they are contiguous little-endian). Keep `value` unchanged while the result is in use.
+
+    Raises:
+        PayloadError: the dtype cannot travel.
+    """
+    value = as_numpy(value)
+    if isinstance(value, Slices):
+        return _wire_slices(name, value.values, value.ids, value.dense_shape)
+    return WireTensor(name, wire_dtype(value.dtype), tuple(value.shape), _raw(value))
+
+
+def _wire_slices(name, values, ids, dense_shape):
+    values = _to_numpy(values)
+    return WireTensor(
+        name, wire_dtype(values.dtype), tuple(values.shape), _raw(values),
+        ids=_raw(_to_numpy(ids).reshape(-1), np.int64),
+        dense_shape=tuple(int(d) for d in dense_shape),
+    )
+
+
+def to_message(wire):
+    """The `Tensor` message of a `WireTensor` (copies its bytes into the message)."""
+    return tensor_pb2.Tensor(
+        name=wire.name, dtype=wire.dtype, shape=wire.shape, content=bytes(wire.content),
+        ids=bytes(wire.ids), dense_shape=wire.dense_shape,
+    )
 
 
 def encode(name, value):
@@ -80,31 +144,12 @@ def encode(name, value):
     Raises:
         PayloadError: the dtype cannot travel.
     """
-    if isinstance(value, Slices):
-        return encode_slices(name, value.values, value.ids, value.dense_shape)
-    if hasattr(value, "indices") and hasattr(value, "values"):  # tf.IndexedSlices
-        dense_shape = () if value.dense_shape is None else _to_numpy(value.dense_shape)
-        return encode_slices(
-            name, _to_numpy(value.values), _to_numpy(value.indices), tuple(dense_shape)
-        )
-    array = _to_numpy(value)
-    return tensor_pb2.Tensor(
-        name=name, dtype=wire_dtype(array.dtype), shape=array.shape, content=_raw(array)
-    )
+    return to_message(wire_tensor(name, value))
 
 
 def encode_slices(name, values, ids, dense_shape):
     """Encodes rows `values` with row ids `ids` of a tensor of shape `dense_shape`."""
-    values = _to_numpy(values)
-    ids = _to_numpy(ids).astype(np.int64, copy=False).reshape(-1)
-    return tensor_pb2.Tensor(
-        name=name,
-        dtype=wire_dtype(values.dtype),
-        shape=values.shape,
-        content=_raw(values),
-        ids=ids.astype("<i8", copy=False).tobytes(),
-        dense_shape=[int(d) for d in dense_shape],
-    )
+    return to_message(_wire_slices(name, values, ids, dense_shape))
 
 
 def _check(condition, tensor, rule, received):
@@ -112,20 +157,37 @@ def _check(condition, tensor, rule, received):
         raise PayloadError(f"Tensor {tensor.name!r}: {rule}. Received: {received}")
 
 
-def decode(tensor):
-    """Decodes a wire tensor: a numpy array when dense, `Slices` when it carries ids.
+def _content_layout(tensor):
+    dtype = _FROM_WIRE.get(tensor.dtype)
+    _check(dtype is not None, tensor, "unknown dtype", f"dtype={tensor.dtype}")
+    shape = tuple(tensor.shape)
+    _check(all(d >= 0 for d in shape), tensor, "dimensions must be >= 0", f"shape={shape}")
+    return dtype, shape, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
-    The array is a read-only view of the message's bytes; copy it before writing to it.
+
+def byte_sizes(tensor):
+    """(content bytes, ids bytes) that a tensor with the dtype, shape and dense_shape of
+    `tensor` (a `Tensor`, `WireTensor` or `transfer_pb2.TensorHeader`) must hold.
+
+    Raises:
+        PayloadError: unknown dtype or negative dimension.
+    """
+    _, shape, content = _content_layout(tensor)
+    return content, (shape[0] * 8 if tensor.dense_shape and shape else 0)
+
+
+def decode(tensor):
+    """Decodes a wire tensor (a `Tensor` or `WireTensor`): a numpy array when dense, `Slices`
+    when it carries ids.
+
+    The array is a view of the tensor's bytes (read-only for a message); copy it before
+    writing to it.
 
     Raises:
         PayloadError: unknown dtype, negative dimension, content size not matching dtype and
             shape, or ids not matching the rows or outside the dense shape.
     """
-    dtype = _FROM_WIRE.get(tensor.dtype)
-    _check(dtype is not None, tensor, "unknown dtype", f"dtype={tensor.dtype}")
-    shape = tuple(tensor.shape)
-    _check(all(d >= 0 for d in shape), tensor, "dimensions must be >= 0", f"shape={shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    dtype, shape, expected = _content_layout(tensor)
     _check(
         len(tensor.content) == expected,
         tensor,

@@ -1,4 +1,5 @@
 from elastic_keras.proto import tensor_pb2 as _tensor_pb2
+from elastic_keras.proto import transfer_pb2 as _transfer_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -40,12 +41,14 @@ class InitModelResponse(_message.Message):
     def __init__(self, initialized_now: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("known_version", "min_version")
+    __slots__ = ("known_version", "min_version", "full_precision")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FULL_PRECISION_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     min_version: int
-    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ...) -> None: ...
+    full_precision: bool
+    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ..., full_precision: _Optional[bool] = ...) -> None: ...
 
 class PullDenseResponse(_message.Message):
     __slots__ = ("initialized", "model_version", "dense")
@@ -56,6 +59,16 @@ class PullDenseResponse(_message.Message):
     model_version: int
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class PullDensePart(_message.Message):
+    __slots__ = ("initialized", "model_version", "pieces")
+    INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    initialized: bool
+    model_version: int
+    pieces: _containers.RepeatedCompositeFieldContainer[_transfer_pb2.TransferPiece]
+    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ...) -> None: ...
 
 class PullEmbeddingRequest(_message.Message):
     __slots__ = ("ids",)
@@ -98,6 +111,26 @@ class PushGradientsRequest(_message.Message):
     gradients: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     assign: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., assign: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("worker_id", "sequence", "model_version", "assign")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    sequence: int
+    model_version: int
+    assign: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., assign: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+
+class PushGradientsPart(_message.Message):
+    __slots__ = ("header", "pieces")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    header: PushHeader
+    pieces: _containers.RepeatedCompositeFieldContainer[_transfer_pb2.TransferPiece]
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
     __slots__ = ("accepted", "model_version", "reason", "stale")

@@ -49,6 +49,16 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
                 _registered_method=True)
+        self.PullDenseStream = channel.unary_stream(
+                '/elastic_keras.PServer/PullDenseStream',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDenseRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDensePart.FromString,
+                _registered_method=True)
+        self.PushGradientsStream = channel.stream_unary(
+                '/elastic_keras.PServer/PushGradientsStream',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsPart.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
+                _registered_method=True)
         self.PullEmbedding = channel.unary_unary(
                 '/elastic_keras.PServer/PullEmbedding',
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.SerializeToString,
@@ -82,6 +92,18 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullDenseStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushGradientsStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PullEmbedding(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -110,6 +132,16 @@ def add_PServerServicer_to_server(servicer, server):
             'PushGradients': grpc.unary_unary_rpc_method_handler(
                     servicer.PushGradients,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.SerializeToString,
+            ),
+            'PullDenseStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullDenseStream,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDenseRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDensePart.SerializeToString,
+            ),
+            'PushGradientsStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushGradientsStream,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsPart.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.SerializeToString,
             ),
             'PullEmbedding': grpc.unary_unary_rpc_method_handler(
@@ -203,6 +235,60 @@ class PServer:
             target,
             '/elastic_keras.PServer/PushGradients',
             elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullDenseStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elastic_keras.PServer/PullDenseStream',
+            elastic__keras_dot_proto_dot_pserver__pb2.PullDenseRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.PullDensePart.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushGradientsStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/elastic_keras.PServer/PushGradientsStream',
+            elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsPart.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
             options,
             channel_credentials,

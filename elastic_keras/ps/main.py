@@ -3,7 +3,8 @@
 Usage:
 
     python -m elastic_keras.ps --ps-id 0 --num-ps 1 --master-addr 127.0.0.1:5000 \\
-        [--host 127.0.0.1] [--port 0] [--job-name NAME] [--log-level info]
+        [--host 127.0.0.1] [--port 0] [--compression auto] [--chunk-bytes 4194304] \\
+        [--transfer-dtype float32] [--job-name NAME] [--log-level info]
 
 The process starts its gRPC server (port 0 lets the OS pick), registers its address with the
 master, then every `HEARTBEAT_INTERVAL_S` sends a heartbeat and reports its model version.
@@ -28,6 +29,7 @@ from elastic_keras.common import rpc
 from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import MasterClient
+from elastic_keras.common.tensor_stream import TransferOptions
 from elastic_keras.proto import pserver_pb2_grpc
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
@@ -76,7 +78,8 @@ def run(config, stop):
         round_timeout_s=config.sync_round_timeout_s,
     )
     parameters = Parameters(policy)
-    servicer = PServerServicer(parameters)
+    transfer = TransferOptions.of(config)
+    servicer = PServerServicer(parameters, transfer)
     server, port = rpc.create_server(
         [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)],
         config.host,
@@ -84,8 +87,8 @@ def run(config, stop):
     )
     address = f"{config.host}:{port}"
     logger.info(
-        "Parameter server %d of %d (job %s) serving on %s.",
-        config.ps_id, config.num_ps, config.job_name, address,
+        "Parameter server %d of %d (job %s) serving on %s; sends %s.",
+        config.ps_id, config.num_ps, config.job_name, address, transfer,
     )
     master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S)
     try:

@@ -1,7 +1,11 @@
 """The PServer gRPC service: translates messages to `Parameters` calls and errors to statuses.
 
 `PayloadError` becomes INVALID_ARGUMENT and `NotReadyError` FAILED_PRECONDITION; in both
-cases the shard is unchanged. Tensors are decoded here, outside the shard's lock.
+cases the shard is unchanged. Tensors are decoded here, outside the shard's lock. Pushes and
+dense pulls come unary or streamed (`tensor_stream`); a streamed push is read whole, every
+chunk checked, before anything reaches `Parameters`. Gradients that arrive as float16 or
+bfloat16 become float32 first; pulled parameters and embedding rows leave in the shard's
+transfer dtype (`TransferOptions`), and streamed pulls in its codec and chunk size.
 
 Example:
 
@@ -15,7 +19,7 @@ import logging
 
 import grpc
 
-from elastic_keras.common import tensor_codec
+from elastic_keras.common import tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 from elastic_keras.ps.parameters import Push, TableConfig
@@ -43,10 +47,11 @@ def _decode_all(tensors):
 
 
 class PServerServicer(pserver_pb2_grpc.PServerServicer):
-    """Serves one shard's `Parameters` over gRPC."""
+    """Serves one shard's `Parameters` over gRPC, sending tensors as `transfer` says."""
 
-    def __init__(self, parameters):
+    def __init__(self, parameters, transfer=tensor_stream.TransferOptions()):
         self._parameters = parameters
+        self._transfer = transfer
 
     def InitModel(self, request, context):
         with _abort_on_domain_errors(context, "InitModel"):
@@ -59,26 +64,35 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             initialized_now=result.initialized_now, model_version=result.model_version
         )
 
-    def PullDense(self, request, context):
+    def _pull(self, request, context):
+        """(PullResult, its tensors encoded for the wire)."""
         # A synchronous worker waits for its round; leave a margin of its deadline to answer.
         remaining = context.time_remaining()
         wait_s = max(0.0, min(MAX_ROUND_WAIT_S, (remaining or MAX_ROUND_WAIT_S) - 1.0))
         result = self._parameters.pull(request.known_version, request.min_version, wait_s)
+        return result, self._transfer.encode(result.dense.items(), request.full_precision)
+
+    def PullDense(self, request, context):
+        result, tensors = self._pull(request, context)
         return pserver_pb2.PullDenseResponse(
-            initialized=result.initialized,
-            model_version=result.model_version,
-            dense=[tensor_codec.encode(name, value) for name, value in result.dense.items()],
+            initialized=result.initialized, model_version=result.model_version,
+            dense=[tensor_codec.to_message(tensor) for tensor in tensors],
         )
 
-    def PushGradients(self, request, context):
-        with _abort_on_domain_errors(context, f"PushGradients from worker {request.worker_id}"):
+    def PullDenseStream(self, request, context):
+        result, tensors = self._pull(request, context)
+        yield from tensor_stream.pull_parts(result.initialized, result.model_version, tensors,
+                                            self._transfer)
+
+    def _push(self, header, gradients, context, method):
+        with _abort_on_domain_errors(context, f"{method} from worker {header.worker_id}"):
             result = self._parameters.push(
                 Push(
-                    worker_id=request.worker_id,
-                    sequence=request.sequence,
-                    model_version=request.model_version,
-                    gradients=_decode_all(request.gradients),
-                    assign=_decode_all(request.assign),
+                    worker_id=header.worker_id,
+                    sequence=header.sequence,
+                    model_version=header.model_version,
+                    gradients=tensor_stream.decode_tensors(gradients),
+                    assign=_decode_all(header.assign),
                 )
             )
         return pserver_pb2.PushGradientsResponse(
@@ -86,11 +100,19 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             stale=result.stale,
         )
 
+    def PushGradients(self, request, context):
+        return self._push(request, request.gradients, context, "PushGradients")
+
+    def PushGradientsStream(self, request_iterator, context):
+        with _abort_on_domain_errors(context, "PushGradientsStream"):
+            header, gradients = tensor_stream.read_push(request_iterator)
+        return self._push(header, gradients, context, "PushGradientsStream")
+
     def PullEmbedding(self, request, context):
         with _abort_on_domain_errors(context, "PullEmbedding"):
             rows, version = self._parameters.pull_embeddings(_decode_all(request.ids))
         return pserver_pb2.PullEmbeddingResponse(
-            rows=[tensor_codec.encode(name, value) for name, value in rows.items()],
+            rows=[tensor_codec.to_message(t) for t in self._transfer.encode(rows.items())],
             model_version=version,
         )
 

@@ -9,6 +9,7 @@ from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import MasterClient
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.common.ps_client import PSClient
+from elastic_keras.common.tensor_stream import TransferOptions
 from elastic_keras.worker.task_loop import TaskLoop
 from elastic_keras.worker.trainer import Trainer
 
@@ -38,9 +39,10 @@ def main(argv=None):
     spec = load_model_spec(config.model_zoo, config.model_def)
     master = MasterClient(config.master_addr)
     master.register_worker(config.worker_id)
-    ps_client = PSClient(_wait_for_cluster(master, config.worker_id))
-    logger.info("Worker %d of job %s: parameter servers %s", config.worker_id,
-                config.job_name, ", ".join(ps_client.addresses))
+    ps_client = PSClient(_wait_for_cluster(master, config.worker_id),
+                         transfer=TransferOptions.of(config))
+    logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
+                config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
     try:
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,
                           config.sync, config.max_stale_retries, config.overlap)

@@ -126,7 +126,8 @@ class Trainer:
             variable = variables.get(name)
             if variable is None:
                 raise PSError(f"The parameter servers sent an unknown variable {name!r}.")
-            variable.assign(value)
+            # Floats sent in a reduced transfer dtype come as float32: cast to the variable's.
+            variable.assign(np.asarray(value, dtype=variable.dtype))
         self._versions = versions
 
     # -- steps -----------------------------------------------------------------------------

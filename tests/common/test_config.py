@@ -31,11 +31,24 @@ def test_snake_case_flags_are_accepted():
         (dict(max_task_retries=-1), "--max-task-retries must be zero or more"),
         (dict(log_level="loud"), "--log-level must be one of"),
         (dict(model_def=" "), "--model-def must not be empty"),
+        (dict(compression="gzip"),
+         "--compression must be one of none, snappy, lz4, auto. Received: 'gzip'"),
+        (dict(chunk_bytes=100), "--chunk-bytes must be between 1024 and 268435456. Received: 100"),
+        (dict(transfer_dtype="fp8"),
+         "--transfer-dtype must be one of float32, float16, bfloat16. Received: 'fp8'"),
     ],
 )
 def test_bad_job_values_are_named(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         JobConfig(**{"model_def": "m", "training_data": "d", **kwargs})
+
+
+def test_transfer_flags_reach_both_roles():
+    job = JobConfig(model_def="m", training_data="d", compression="lz4", chunk_bytes=65536,
+                    transfer_dtype="bfloat16")
+    for cfg in (job.ps_config(0, "127.0.0.1:1"), job.worker_config(0, "127.0.0.1:1")):
+        assert (cfg.compression, cfg.chunk_bytes, cfg.transfer_dtype) == ("lz4", 65536, "bfloat16")
+        assert config_lib.parse_argv(type(cfg), config_lib.to_argv(cfg)) == cfg
 
 
 def test_ps_id_must_be_below_num_ps():

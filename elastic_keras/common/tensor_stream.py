@@ -1,0 +1,195 @@
+"""Tensors over the PServer's streamed RPCs: the messages a sender makes and a receiver reads.
+
+A streamed push is a sequence of `PushGradientsPart`s: the first carries the `PushHeader`
+(worker, sequence, model version, assigned values), and the parts' pieces carry the
+gradients as a transfer stream (see `chunking`). A streamed dense pull is a sequence of
+`PullDensePart`s: the first carries `initialized` and `model_version`, the pieces the
+shard's tensors. Reading either checks every piece and gives back nothing for a stream with
+any fault (`PayloadError`, which a shard answers with INVALID_ARGUMENT).
+
+How tensors travel is a `TransferOptions`: the codec of each chunk, the chunk size, and the
+transfer dtype, in which floating tensors cross the wire (`transfer_dtype`). Whatever was
+sent, `decode_tensors` gives float16/bfloat16 values back as float32, so a parameter server
+checks, accumulates and applies float32. Assigned values (non-trainable variables such as
+batch-norm statistics) are state, not gradients: they travel unconverted.
+
+Example:
+
+    >>> import numpy as np
+    >>> options = TransferOptions(compression="lz4", chunk_bytes=4096,
+    ...                           transfer_dtype="bfloat16")
+    >>> parts = list(push_parts(pserver_pb2.PushHeader(worker_id=1, sequence=7),
+    ...                         options.encode([("w", np.ones(3000, np.float32))]), options))
+    >>> header, tensors = read_push(parts)
+    >>> header.sequence, decode_tensors(tensors)[0][1].dtype.name
+    (7, 'float32')
+"""
+
+import dataclasses
+
+from elastic_keras.common import chunking, compression, tensor_codec, transfer_dtype
+from elastic_keras.common.errors import ConfigError, PayloadError
+from elastic_keras.proto import pserver_pb2
+
+FULL_PRECISION = "float32"
+TRANSFER_DTYPE_NAMES = (FULL_PRECISION, *transfer_dtype.TRANSFER_DTYPES)
+_REDUCED = frozenset(transfer_dtype.TRANSFER_DTYPES.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferOptions:
+    """How one side sends tensors: `--compression`, `--chunk-bytes`, `--transfer-dtype`.
+
+    Args:
+        compression: a name in `compression.CODEC_NAMES`; "auto" compresses (with snappy)
+            only the chunks that shrink.
+        chunk_bytes: the most raw bytes of one tensor field in one chunk.
+        transfer_dtype: "float32" (send floats as they are), "float16" or "bfloat16".
+
+    Raises:
+        ConfigError: a value outside those.
+    """
+
+    compression: str = "auto"
+    chunk_bytes: int = chunking.DEFAULT_CHUNK_BYTES
+    transfer_dtype: str = FULL_PRECISION
+
+    def __post_init__(self):
+        compression.get_codec(self.compression)
+        if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
+            raise ConfigError(
+                f"chunk_bytes must be an integer >= 1. Received: {self.chunk_bytes!r}"
+            )
+        if self.transfer_dtype not in TRANSFER_DTYPE_NAMES:
+            raise ConfigError(
+                f"transfer_dtype must be one of {', '.join(TRANSFER_DTYPE_NAMES)}. "
+                f"Received: {self.transfer_dtype!r}"
+            )
+
+    @classmethod
+    def of(cls, config):
+        """The options of a role config (`PSConfig`, `WorkerConfig`) or a `JobConfig`."""
+        return cls(config.compression, config.chunk_bytes, config.transfer_dtype)
+
+    def __str__(self):
+        return (f"compression {self.compression}, {self.chunk_bytes}-byte chunks, "
+                f"transfer dtype {self.transfer_dtype}")
+
+    @property
+    def reduced(self):
+        """Whether floating tensors travel at reduced precision."""
+        return self.transfer_dtype != FULL_PRECISION
+
+    def encode(self, pairs, full_precision=False):
+        """`(name, value)` pairs as `tensor_codec.WireTensor`s, floats in the transfer dtype.
+
+        The tensors' bytes are views of the arrays (or of their converted copies): a stream
+        copies them chunk by chunk; `tensor_codec.to_message` makes a unary message of one.
+
+        Args:
+            pairs: values are arrays, TF tensors, `tf.IndexedSlices` or `tensor_codec.Slices`
+                (only their values are converted; ids stay int64).
+            full_precision: send floats as they are, whatever the transfer dtype.
+
+        Raises:
+            PayloadError: a dtype that cannot travel.
+        """
+        wanted = None if full_precision or not self.reduced else self.transfer_dtype
+        return [tensor_codec.wire_tensor(name, _cast(value, wanted)) for name, value in pairs]
+
+
+def payload_bytes(tensors):
+    """The raw bytes of wire tensors (messages or `WireTensor`s), from their shapes."""
+    return sum(sum(tensor_codec.byte_sizes(tensor)) for tensor in tensors)
+
+
+def _cast(value, wanted):
+    if wanted is None:
+        return value
+    return transfer_dtype.to_transfer_dtype(tensor_codec.as_numpy(value), wanted)
+
+
+def decode_tensors(tensors):
+    """`(name, value)` pairs of wire tensors (`Tensor` messages or `WireTensor`s);
+    float16/bfloat16 values come back as float32.
+
+    Raises:
+        PayloadError: see `tensor_codec.decode`.
+    """
+    pairs = []
+    for tensor in tensors:
+        value = tensor_codec.decode(tensor)
+        values = value.values if isinstance(value, tensor_codec.Slices) else value
+        if values.dtype.newbyteorder("=") in _REDUCED:
+            value = transfer_dtype.from_transfer_dtype(value)
+        pairs.append((tensor.name, value))
+    return tuple(pairs)
+
+
+def push_parts(header, tensors, options):
+    """The `PushGradientsPart`s of a streamed push, made lazily as they are sent.
+
+    Args:
+        header: the `PushHeader`, carried by the first part.
+        tensors: the gradients as `WireTensor`s (see `TransferOptions.encode`).
+        options: the `TransferOptions` whose codec and chunk size apply.
+    """
+    parts = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
+                                   pserver_pb2.PushGradientsPart)
+    first = next(parts, None) or pserver_pb2.PushGradientsPart()
+    first.header.CopyFrom(header)
+    yield first
+    yield from parts
+
+
+def read_push(parts):
+    """`(PushHeader, [WireTensor])` of a streamed push: every part read, every chunk checked.
+
+    Raises:
+        PayloadError: no parts, a header missing from the first part or repeated in another,
+            or a corrupt, missing, duplicated or reordered chunk (see `chunking`).
+    """
+    joiner = chunking.TensorJoiner(messages=False)
+    header = None
+    for index, part in enumerate(parts):
+        if part.HasField("header") != (index == 0):
+            where = "is missing from the first part" if index == 0 else f"repeats in part {index}"
+            raise PayloadError(
+                f"A streamed push carries its header in its first part only. Received: the "
+                f"header {where}"
+            )
+        if index == 0:
+            header = part.header
+        joiner.add(part)
+    if header is None:
+        raise PayloadError("A streamed push needs at least one part. Received: an empty stream")
+    return header, joiner.finish()
+
+
+def pull_parts(initialized, model_version, tensors, options):
+    """The `PullDensePart`s of a streamed dense pull, made lazily as they are sent."""
+    parts = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
+                                   pserver_pb2.PullDensePart)
+    first = next(parts, None) or pserver_pb2.PullDensePart()
+    first.initialized = initialized
+    first.model_version = model_version
+    yield first
+    yield from parts
+
+
+def read_pull(parts):
+    """`(initialized, model_version, [WireTensor])` of a streamed dense pull.
+
+    Raises:
+        PayloadError: an empty stream, or a corrupt, missing or reordered chunk.
+    """
+    joiner = chunking.TensorJoiner(messages=False)
+    first = None
+    for part in parts:
+        if first is None:
+            first = part
+        joiner.add(part)
+    if first is None:
+        raise PayloadError("A streamed pull answers with at least one part. "
+                           "Received: an empty stream")
+    return first.initialized, first.model_version, joiner.finish()

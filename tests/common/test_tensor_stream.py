@@ -1,0 +1,147 @@
+"""Tensors over the PServer's streamed RPCs: options, push and pull parts, message-free
+tensors, and conversion from and to the transfer dtype."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elastic_keras.common import chunking, tensor_codec, tensor_stream
+from elastic_keras.common.errors import ConfigError, PayloadError
+from elastic_keras.common.tensor_stream import TransferOptions
+from elastic_keras.proto import pserver_pb2
+
+rng = np.random.default_rng(5)
+
+
+PAIRS = [
+    ("w", rng.standard_normal((300, 40)).astype(np.float32)),
+    ("b", rng.standard_normal(7)),
+    ("steps", np.array(3, np.int64)),
+    ("rows", tensor_codec.Slices(rng.standard_normal((5, 4)).astype(np.float32),
+                                 np.array([9, 2, 7, 0, 1]), (0, 4))),
+]
+
+
+def _pairs():
+    return list(PAIRS)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(compression="zstd"), "compression must be one of none, snappy, lz4, auto"),
+    (dict(chunk_bytes=0), "chunk_bytes must be an integer >= 1. Received: 0"),
+    (dict(transfer_dtype="int8"), "transfer_dtype must be one of float32, float16, bfloat16"),
+])
+def test_bad_options_are_named(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        TransferOptions(**kwargs)
+
+
+def test_options_describe_themselves():
+    assert str(TransferOptions("lz4", 65536, "bfloat16")) == (
+        "compression lz4, 65536-byte chunks, transfer dtype bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_floats_travel_reduced_and_come_back_float32(dtype):
+    options = TransferOptions(transfer_dtype=dtype)
+    wire = options.encode(_pairs())
+    assert [tensor_codec.decode(t).dtype.name if t.name != "rows" else
+            tensor_codec.decode(t).values.dtype.name for t in wire] == [dtype, dtype, "int64",
+                                                                        dtype]
+    back = dict(tensor_stream.decode_tensors(wire))
+    original = dict(_pairs())
+    assert back["w"].dtype == np.float32 and back["b"].dtype == np.float32
+    assert back["steps"].dtype == np.int64 and back["steps"] == 3
+    np.testing.assert_allclose(back["w"], original["w"], rtol=2.0**-8, atol=2.0**-24)
+    np.testing.assert_array_equal(back["rows"].ids, [9, 2, 7, 0, 1])
+    assert back["rows"].values.dtype == np.float32
+
+
+def test_full_precision_and_float32_send_values_as_they_are():
+    for options, full in ((TransferOptions(transfer_dtype="float16"), True),
+                          (TransferOptions(), False)):
+        back = dict(tensor_stream.decode_tensors(options.encode(_pairs(), full)))
+        assert back["b"].dtype == np.float64  # not narrowed, and not widened
+        np.testing.assert_array_equal(back["w"], dict(_pairs())["w"])
+
+
+def test_tf_tensors_and_indexed_slices_are_converted():
+    options = TransferOptions(transfer_dtype="bfloat16")
+    slices = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([4, 1], tf.int64),
+                              tf.constant([6, 3], tf.int64))
+    wire = options.encode([("t", tf.ones((2, 2))), ("s", slices)])
+    assert tensor_codec.decode(wire[0]).dtype == ml_dtypes.bfloat16
+    decoded = tensor_codec.decode(wire[1])
+    assert decoded.values.dtype == ml_dtypes.bfloat16 and decoded.dense_shape == (6, 3)
+
+
+def test_wire_tensors_view_the_arrays_and_make_equal_messages():
+    array = rng.standard_normal((50, 3)).astype(np.float32)
+    wire = tensor_codec.wire_tensor("a", array)
+    assert np.shares_memory(np.frombuffer(wire.content, np.float32), array)
+    assert tensor_codec.to_message(wire) == tensor_codec.encode("a", array)
+    for value in (array, np.array(2.5, np.float64), array.T, array.astype(">f4"),
+                  tensor_codec.Slices(array, np.arange(50), (0, 3))):
+        message = tensor_codec.encode("a", value)
+        assert tensor_codec.byte_sizes(message) == (len(message.content), len(message.ids))
+        assert tensor_codec.to_message(tensor_codec.wire_tensor("a", value)) == message
+    assert tensor_stream.payload_bytes([wire, tensor_codec.encode("i", np.arange(3))]) == 624
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "auto"])
+def test_the_joiner_fills_buffers_instead_of_messages(codec):
+    pairs = _pairs()
+    wire = TransferOptions().encode(pairs)
+    joiner = chunking.TensorJoiner(messages=False)
+    for message in chunking.split_tensors(wire, codec, chunk_bytes=1024):
+        joiner.add(message)
+    joined = joiner.finish()
+    assert all(isinstance(t, tensor_codec.WireTensor) and isinstance(t.content, bytearray)
+               for t in joined)
+    for (name, value), tensor in zip(pairs, joined):
+        assert tensor.name == name
+        assert tensor_codec.to_message(tensor) == tensor_codec.encode(name, value)
+
+
+def test_the_buffer_joiner_checks_announced_sizes_before_allocating():
+    messages = list(chunking.split_tensors([tensor_codec.encode("w", np.zeros(100))], "none"))
+    messages[0].pieces[0].header.content_size = 1 << 40
+    with pytest.raises(PayloadError, match="must announce 800 content and 0 ids bytes"):
+        chunking.TensorJoiner(messages=False).add(messages[0])
+
+
+def test_a_push_without_tensors_is_one_part_with_its_header():
+    header = pserver_pb2.PushHeader(worker_id=4, sequence=9, model_version=2)
+    parts = list(tensor_stream.push_parts(header, [], TransferOptions()))
+    assert len(parts) == 1 and not parts[0].pieces
+    read, tensors = tensor_stream.read_push(parts)
+    assert (read.worker_id, read.sequence, read.model_version, tensors) == (4, 9, 2, [])
+
+
+def test_push_parts_carry_the_header_first_and_only_there():
+    options = TransferOptions("none", 4096)
+    header = pserver_pb2.PushHeader(worker_id=1, sequence=2,
+                                    assign=[tensor_codec.encode("steps", np.array(4))])
+    parts = list(tensor_stream.push_parts(header, options.encode(_pairs()), options))
+    assert len(parts) > 3
+    assert [p.HasField("header") for p in parts] == [True] + [False] * (len(parts) - 1)
+    read, tensors = tensor_stream.read_push(parts)
+    assert read == header
+    assert [t.name for t in tensors] == ["w", "b", "steps", "rows"]
+
+
+def test_an_empty_push_stream_is_rejected():
+    with pytest.raises(PayloadError, match="needs at least one part"):
+        tensor_stream.read_push([])
+
+
+def test_pull_parts_round_trip_and_an_empty_pull_stream_is_rejected():
+    options = TransferOptions("snappy", 2048, "float16")
+    parts = list(tensor_stream.pull_parts(True, 12, options.encode(_pairs()), options))
+    initialized, version, tensors = tensor_stream.read_pull(parts)
+    assert (initialized, version, len(tensors)) == (True, 12, 4)
+    assert list(tensor_stream.read_pull(tensor_stream.pull_parts(False, 0, [], options))) == [
+        False, 0, []]
+    with pytest.raises(PayloadError, match="at least one part"):
+        tensor_stream.read_pull(iter([]))
