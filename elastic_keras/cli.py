@@ -1,7 +1,8 @@
-"""`elastic-keras`: train a model-zoo module, or convert data into record files.
+"""`elastic-keras`: train a model-zoo module, scale a running job, convert data.
 
-Exit codes: 0 the job succeeded; 1 it failed; 2 bad flags, model module or data (nothing
-was launched); 130 interrupted.
+Exit codes: 0 the job succeeded (scale: the master took the request); 1 it failed (scale:
+the master could not be reached); 2 bad flags, model module, data or checkpoint directory
+(nothing was launched); 130 interrupted.
 """
 
 import argparse
@@ -32,8 +33,52 @@ def build_parser():
     )
     config_lib.add_arguments(train, config_lib.JobConfig)
     train.set_defaults(func=_run_train)
+    scale = commands.add_parser(
+        "scale", help="Change the number of workers of a running job.",
+        description="Tell a running job's master how many workers to run from now on. New "
+        "workers join at once; removed ones hand their task back and leave.",
+    )
+    scale.add_argument("--job-name", required=True, help="The --job-name of the running job.")
+    scale.add_argument("--num-workers", required=True, type=int, metavar="N",
+                       help="Workers to run from now on (at least 1).")
+    scale.add_argument("--master-addr", default="", metavar="HOST:PORT",
+                       help="The master's address (default: found by job name among the "
+                       "jobs running on this machine).")
+    scale.set_defaults(func=_run_scale)
     data_command.register(commands)
     return parser
+
+
+def _run_scale(args):
+    import grpc
+
+    from elastic_keras.common.master_client import MasterClient
+    from elastic_keras.master import registry
+
+    if args.num_workers < 1:
+        print(f"elastic-keras scale: error: --num-workers must be at least 1. "
+              f"Received: {args.num_workers}", file=sys.stderr)
+        return 2
+    try:
+        address = args.master_addr or registry.find(args.job_name)["address"]
+    except ConfigError as exc:
+        print(f"elastic-keras scale: error: {exc}", file=sys.stderr)
+        return 2
+    client = MasterClient(address, deadline_s=10.0)
+    try:
+        answer = client.scale(args.job_name, args.num_workers)
+    except grpc.RpcError as exc:
+        print(f"elastic-keras scale: error: the master of {args.job_name!r} at {address} "
+              f"refused or did not answer: {exc.code().name}: {exc.details()}",
+              file=sys.stderr)
+        return 2 if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                   grpc.StatusCode.FAILED_PRECONDITION) else 1
+    finally:
+        client.close()
+    print(f"Job {answer.job_name}: workers {answer.previous_num_workers} -> "
+          f"{answer.num_workers} ({answer.running_workers} running before the change)",
+          file=sys.stderr)
+    return 0
 
 
 def _run_train(args):

@@ -167,6 +167,44 @@ class JobConfig:
     compression: str = _flag("auto", help=_COMPRESSION_HELP)
     chunk_bytes: int = _flag(DEFAULT_CHUNK_BYTES, help=_CHUNK_BYTES_HELP)
     transfer_dtype: str = _flag("float32", help=_TRANSFER_DTYPE_HELP)
+    evaluation_steps: int = _flag(
+        0, help="Also evaluate --validation-data every this many model versions, with "
+        "training paused so every evaluation task sees the same version; 0: after each "
+        "epoch only."
+    )
+    checkpoint_dir: str = _flag(
+        "", help="Where the parameter servers' checkpoints and the master's job state go. "
+        "Running the same command again with the same --job-name and --checkpoint-dir "
+        "resumes the job from its latest checkpoint. Empty: no checkpoints."
+    )
+    checkpoint_steps: int = _flag(
+        0, help="With --checkpoint-dir: checkpoint every this many model versions, and at "
+        "the end; 0: at the end only."
+    )
+    keep_checkpoint_max: int = _flag(
+        3, help="Complete checkpoints kept in --checkpoint-dir; older ones are deleted "
+        "(0: keep all)."
+    )
+    checkpoint_dir_for_init: str = _flag(
+        "", help="Start the model from the latest complete checkpoint in this directory "
+        "(written by any number of parameter servers); the job itself starts afresh."
+    )
+    relaunch_on_worker_failure: int = _flag(
+        3, help="How many times each worker is relaunched after it dies, hangs or is "
+        "preempted; past that the job carries on with the workers it has."
+    )
+    relaunch_on_ps_failure: int = _flag(
+        3, help="How many times each parameter server is relaunched after it dies; it "
+        "restores its shard from the latest checkpoint and workers wait for it."
+    )
+    worker_heartbeat_timeout: float = _flag(
+        60.0, help="Seconds without a heartbeat after which a worker is taken for dead, "
+        "stopped, its tasks re-queued and it is relaunched; 0: never."
+    )
+    task_timeout_floor: float = _flag(
+        600.0, help="A task held longer than the larger of this many seconds and 3x the "
+        "slowest completed task is re-queued and its worker restarted; 0: never."
+    )
     host: str = _flag("127.0.0.1", help="Address the master and parameter servers bind to.")
     port: int = _flag(0, help="Master port; 0 picks a free one.")
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
@@ -178,7 +216,20 @@ class JobConfig:
             "num_epochs", "progress_report_minibatches",
         )
         _check_non_negative(self, "max_task_retries", "port", "embedding_threshold_params",
-                            "grads_to_wait", "max_staleness", "max_stale_retries")
+                            "grads_to_wait", "max_staleness", "max_stale_retries",
+                            "evaluation_steps", "checkpoint_steps", "keep_checkpoint_max",
+                            "relaunch_on_worker_failure", "relaunch_on_ps_failure",
+                            "worker_heartbeat_timeout", "task_timeout_floor")
+        if self.checkpoint_steps and not self.checkpoint_dir:
+            raise ConfigError(
+                "--checkpoint-steps needs --checkpoint-dir. "
+                f"Received: --checkpoint-steps {self.checkpoint_steps} and no --checkpoint-dir"
+            )
+        if self.evaluation_steps and not self.validation_data:
+            raise ConfigError(
+                "--evaluation-steps needs --validation-data. "
+                f"Received: --evaluation-steps {self.evaluation_steps} and no --validation-data"
+            )
         _check_choice(self, "log_level", LOG_LEVELS)
         if self.use_async and self.grads_to_wait:
             raise ConfigError(
@@ -202,7 +253,7 @@ class JobConfig:
     def records_per_task(self):
         return self.minibatch_size * self.num_minibatches_per_task
 
-    def ps_config(self, ps_id, master_addr):
+    def ps_config(self, ps_id, master_addr, port=0, restore_from=""):
         return PSConfig(
             ps_id=ps_id,
             num_ps=self.num_ps,
@@ -216,6 +267,8 @@ class JobConfig:
             transfer_dtype=self.transfer_dtype,
             job_name=self.job_name,
             host=self.host,
+            port=port,
+            restore_from=restore_from,
             log_level=self.log_level,
         )
 
@@ -263,6 +316,11 @@ class PSConfig:
     job_name: str = _flag("elastic-keras", help="The job's name, used in logs.")
     host: str = _flag("127.0.0.1", help="Address to bind to.")
     port: int = _flag(0, help="Port to bind to; 0 picks a free one.")
+    restore_from: str = _flag(
+        "", help="A checkpoint directory (CHECKPOINT_DIR/ckpt-N) whose state this shard "
+        "starts from, re-sharded when it was written by a different number of parameter "
+        "servers."
+    )
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 
     def __post_init__(self):

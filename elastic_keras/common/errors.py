@@ -17,6 +17,13 @@ class DataError(ElasticKerasError, ValueError):
     """A data path matches nothing, or a record file is malformed or corrupt."""
 
 
+class CheckpointError(ElasticKerasError, ValueError):
+    """A checkpoint is missing, incomplete or corrupt (the message names the file and why).
+
+    Readers skip it for an older checkpoint, or report it and stop when told to use this one.
+    """
+
+
 class PayloadError(ElasticKerasError, ValueError):
     """An RPC payload is malformed: wrong size for its dtype and shape, unknown dtype, ...
 

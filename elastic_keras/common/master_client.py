@@ -3,6 +3,11 @@
 from elastic_keras.common import rpc
 from elastic_keras.proto import master_pb2, master_pb2_grpc
 
+# Parameter servers and workers heartbeat this often, and exit once the master has not
+# answered for MASTER_LOST_S, so that no role outlives its job as an orphan.
+HEARTBEAT_INTERVAL_S = 2.0
+MASTER_LOST_S = 30.0
+
 # Calls the master may see twice without harm: registration is by id, progress is absolute,
 # a result for a task that is no longer running is ignored.
 _IDEMPOTENT = (
@@ -50,12 +55,22 @@ class MasterClient:
         )
 
     def report_task_result(self, worker_id, task_id, records_done, error="", loss=0.0,
-                           model_version=0, metric_states=()):
+                           model_version=0, metric_states=(), abandoned=False, timeout_s=None):
+        """Ends a task; `abandoned` hands it back (the worker is leaving) after
+        `records_done` records, without counting a failure."""
         self._stub.ReportTaskResult(
             master_pb2.ReportTaskResultRequest(
                 worker_id=worker_id, task_id=task_id, error=error, records_done=records_done,
                 loss=loss, model_version=model_version, metric_states=list(metric_states),
-            )
+                abandoned=abandoned,
+            ),
+            timeout=timeout_s,
+        )
+
+    def scale(self, job_name, num_workers):
+        """Asks the master of `job_name` to run `num_workers` workers from now on."""
+        return self._stub.Scale(
+            master_pb2.ScaleRequest(job_name=job_name, num_workers=num_workers)
         )
 
     def report_version(self, ps_id, model_version, staleness_counts=(), stale_rejections=0,

@@ -30,8 +30,9 @@ from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 
 # InitModel keeps the first model; pulls change nothing (a pulled embedding row is created
 # once, deterministically); a push carries (worker, sequence) and is applied at most once.
+# A repeated SaveCheckpoint rewrites the shard's file atomically and says what it wrote.
 _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
-               "PushGradientsStream", "PullEmbedding", "PullTable")
+               "PushGradientsStream", "PullEmbedding", "PullTable", "SaveCheckpoint")
 
 
 class PSClient:
@@ -219,6 +220,26 @@ class PSClient:
         if not ids:
             return np.zeros(0, np.int64), None
         return np.concatenate(ids), np.concatenate(rows)
+
+    def save_checkpoint(self, path, timeout_s=None):
+        """Asks every shard to save its state into the checkpoint directory `path`.
+
+        Args:
+            path: the checkpoint's directory (`CHECKPOINT_DIR/ckpt-N`), absolute, as the
+                shards see it.
+            timeout_s: the deadline of each call (default: the client's).
+
+        Returns:
+            The shards' `SaveCheckpointResponse`s (file, bytes, crc32c, model_version), in
+            shard order, for the manifest.
+
+        Raises:
+            grpc.RpcError: a shard could not save (INVALID_ARGUMENT: a bad path;
+                FAILED_PRECONDITION: not initialised; INTERNAL: the write failed).
+        """
+        request = pserver_pb2.SaveCheckpointRequest(path=path, num_ps=self.num_ps)
+        calls = [stub.SaveCheckpoint.future(request, timeout=timeout_s) for stub in self._stubs]
+        return [call.result() for call in calls]
 
     def close(self):
         for channel in self._channels:

@@ -1,11 +1,25 @@
 """The master: one readable loop that runs a job from launch to summary.
 
 It lists the data, starts the parameter servers and workers through an `InstanceManager`,
-hands out tasks, watches the roles, ends epochs with an evaluation round, exports the model
-and writes `job_summary.json`. Mechanism lives elsewhere (task manager, engines, servicer);
-this file holds the policy.
+hands out tasks, watches the roles, evaluates, checkpoints, exports the model and writes
+`job_summary.json`. Mechanism lives elsewhere (task manager, engines, checkpoints, servicer);
+this file holds the policy:
+
+- A worker that exits before the end (killed, crashed, preempted) has its tasks re-queued
+  from their last reported record and is relaunched up to `--relaunch-on-worker-failure`
+  times; past that the job carries on with the workers it has, and fails only when none is
+  left. A worker silent for `--worker-heartbeat-timeout` seconds, or holding a task past the
+  adaptive task timeout, is killed and handled the same way.
+- A parameter server that exits is relaunched at the same address (workers reconnect on
+  their own and retry through the gap) up to `--relaunch-on-ps-failure` times, restoring
+  its shard from the latest complete checkpoint.
+- `elastic-keras scale` changes the number of workers: new ones get new ids; removed ones
+  (the highest ids) get SIGTERM, hand their task back and exit.
+- With `--checkpoint-dir`, a checkpoint (every shard plus the job state) is taken every
+  `--checkpoint-steps` versions and at the end; the same command run again resumes the job.
 """
 
+import collections
 import logging
 import os
 import threading
@@ -13,10 +27,12 @@ import time
 
 from elastic_keras.common import rpc
 from elastic_keras.common.config import to_argv
+from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.metrics import MetricSums
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.data.shards import list_shards
-from elastic_keras.master import instance_manager
+from elastic_keras.master import instance_manager, registry
+from elastic_keras.master.checkpoints import JobCheckpoints, init_checkpoint
 from elastic_keras.master.console import Console
 from elastic_keras.master.export import export_saved_model, sample_features
 from elastic_keras.master.instance_manager import RoleSpec, RoleType
@@ -24,6 +40,7 @@ from elastic_keras.master.membership import Membership
 from elastic_keras.master.servicer import MasterServicer
 from elastic_keras.master.summary import JobStatus, JobSummary
 from elastic_keras.master.task_manager import TaskManager, TaskType
+from elastic_keras.master.tensorboard import EventWriter
 from elastic_keras.master.throughput import Throughput
 from elastic_keras.proto import master_pb2_grpc
 
@@ -32,6 +49,8 @@ logger = logging.getLogger(__name__)
 PS_REGISTRATION_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
 ROLE_EXIT_GRACE_S = 10.0  # after a good end, how long roles get to exit on their own
+WORKER_LEAVE_GRACE_S = 30.0  # a worker scaled away gets this long to hand its task back
+EVENTS_EVERY_S = 5.0  # how often training scalars go to the TensorBoard event file
 _TICK_S = 0.2
 
 
@@ -64,6 +83,24 @@ class Master:
         self._shards = []
         self._first_task_at = None  # training time counts from the first task handed out
         self._training_ended_at = None
+        self.checkpoints = JobCheckpoints(config.checkpoint_dir, config.checkpoint_steps,
+                                          config.keep_checkpoint_max, config.job_name)
+        self._restore_from = ""      # the checkpoint the parameter servers start from
+        self._resumed_from = ""
+        self._examples_before = 0    # trained by earlier runs of a resumed job
+        self._earlier_role_exits = []  # role exits of earlier runs of a resumed job
+        self._address = ""
+        self._ps_client = None
+        self._relaunches = collections.Counter()  # role name -> relaunches so far
+        self._scale_lock = threading.Lock()
+        self._target_workers = config.num_workers   # what `elastic-keras scale` asked for
+        self._applied_workers = config.num_workers  # what the loop has acted on
+        self._next_worker_id = config.num_workers
+        self._leaving = set()        # ids of workers stopped by scaling down
+        self._next_eval_version = config.evaluation_steps
+        self._eval_versions = []     # versions the evaluation tasks of the open round used
+        self._events = None
+        self._events_at = 0.0
 
     # -- called by the servicer --------------------------------------------------------------
 
@@ -82,18 +119,22 @@ class Master:
         self.throughput.add(max(0, self._records_of(task_id) - before), loss)
 
     def report_task_result(self, worker_id, task_id, records_done, error, loss,
-                           model_version, metric_states):
+                           model_version, metric_states, abandoned=False):
         self._note_version(model_version)
         before = self._records_of(task_id)
-        task, outcome = self.tasks.report_result(task_id, records_done, error)
+        task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned)
         if task is None:
             return
         if task.type == TaskType.TRAINING:
-            trained = records_done if error else task.num_records
+            trained = records_done if error or abandoned else task.num_records
             self.throughput.add(max(0, trained - before), None if error else loss)
         elif outcome == "done":
             self._eval_sums.add(metric_states)
-        if error:
+            self._eval_versions.append(model_version)
+        if abandoned:
+            logger.info("Worker %d handed back %s task %d after %d records", worker_id,
+                        task.type.value, task_id, records_done)
+        elif error:
             logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
                            task.type.value, task_id, outcome, error)
 
@@ -119,45 +160,56 @@ class Master:
         with self._versions_lock:
             return max(self._model_version, self.membership.model_version)
 
+    def scale(self, num_workers):
+        """Sets the number of workers from now on; returns (previous target, running)."""
+        with self._scale_lock:
+            previous, self._target_workers = self._target_workers, num_workers
+        running = sum(s.type == RoleType.WORKER for s in self.engine.running())
+        logger.info("Scale request: %d -> %d workers", previous, num_workers)
+        return previous, running
+
     # -- the job -------------------------------------------------------------------------------
 
     def run(self):
         """Runs the job to its end and returns its `JobSummary` (also written to --output)."""
         started = time.time()
         server = None
-        # Bad data ends the job here, before anything is launched or written.
+        # Bad data, or a checkpoint directory of another job, ends the job here, before
+        # anything is launched or written.
         self._shards = list_shards(self.config.training_data, self.config.index_cache_dir)
         eval_shards = (
             list_shards(self.config.validation_data, self.config.index_cache_dir,
                         flag="--validation-data")
             if self.config.validation_data else []
         )
-        self.tasks = TaskManager(
+        self.tasks = self._task_manager(
             [(s.path, s.num_records) for s in self._shards],
-            self.config.records_per_task, self.config.num_epochs,
-            self.config.max_task_retries,
             [(s.path, s.num_records) for s in eval_shards],
-            seed=None if self.config.shuffle_seed < 0 else self.config.shuffle_seed,
         )
         if self.engine is None:
             log_dir = os.path.join(self.config.output, "logs") if self.config.output else ""
             self.engine = instance_manager.create(
                 "local", log_dir=log_dir, on_line=self.console.role_line
             )
+        if self.config.output:
+            self._events = EventWriter(os.path.join(self.config.output, "tensorboard"))
         try:
             server, port = rpc.create_server(
                 [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), s)],
                 self.config.host, self.config.port,
             )
-            address = f"{self.config.host}:{port}"
+            self._address = f"{self.config.host}:{port}"
+            registry.register(self.config.job_name, self._address)
             logger.info("Job %s: master at %s; %d training records in %d files, %d tasks/epoch",
-                        self.config.job_name, address, self.tasks.records_per_epoch,
+                        self.config.job_name, self._address, self.tasks.records_per_epoch,
                         len(self._shards), self.tasks.tasks_per_epoch)
-            self._launch(address)
+            self._launch()
             self._loop()
             self._training_ended_at = time.time()
             if not self.tasks.failed and not self._error and self.config.grads_to_wait:
                 self._wait_for_rounds()
+            if not self.tasks.failed and not self._error and self.checkpoints.enabled:
+                self._checkpoint(finished=True)
             if not self.tasks.failed and not self._error and self.config.output:
                 self._export()
         except KeyboardInterrupt:
@@ -168,22 +220,66 @@ class Master:
             raise
         finally:
             self._shutdown(server)
+            registry.unregister(self.config.job_name)
             summary = self._summary(started)
             if self.config.output:
                 os.makedirs(self.config.output, exist_ok=True)
                 summary.write(os.path.join(self.config.output, "job_summary.json"))
+            if self._events:
+                self._events.close()
         return summary
 
-    def _launch(self, address):
+    def _task_manager(self, shards, eval_shards):
+        """A fresh task manager, or the one of the checkpoint this job resumes from."""
+        config = self.config
+        seed = None if config.shuffle_seed < 0 else config.shuffle_seed
+        resumable = self.checkpoints.find_resumable()
+        if resumable is None:
+            if config.checkpoint_dir_for_init:
+                self._restore_from = init_checkpoint(config.checkpoint_dir_for_init)
+                logger.info("The model starts from %s", self._restore_from)
+            return TaskManager(shards, config.records_per_task, config.num_epochs,
+                               config.max_task_retries, eval_shards, seed=seed)
+        path, state = resumable
+        try:
+            tasks = TaskManager.from_state(state["tasks"], shards, config.records_per_task,
+                                           config.num_epochs, config.max_task_retries,
+                                           eval_shards, seed=seed)
+        except ValueError as exc:
+            raise ConfigError(
+                f"Cannot resume job {config.job_name!r} from {path}: {exc}"
+            ) from exc
+        self._restore_from = self._resumed_from = path
+        self._evaluations = list(state.get("evaluations", []))
+        self._examples_before = int(state.get("examples_trained", 0))
+        self._model_version = int(state.get("model_version", 0))
+        self._relaunches.update(state.get("relaunches", {}))
+        self._earlier_role_exits = list(state.get("role_exits", []))
+        if config.evaluation_steps:
+            self._next_eval_version = self._model_version + config.evaluation_steps
+        logger.info("Resuming job %s from %s (model version %d, epoch %d of %d)",
+                    config.job_name, path, self._model_version,
+                    min(tasks.epoch, config.num_epochs - 1) + 1, config.num_epochs)
+        return tasks
+
+    # -- roles -----------------------------------------------------------------------------
+
+    def _start_ps(self, ps_id, port=0, restore_from=""):
+        args = to_argv(self.config.ps_config(ps_id, self._address, port, restore_from))
+        self.engine.start(RoleSpec(RoleType.PS, ps_id, "elastic_keras.ps", tuple(args)))
+
+    def _start_worker(self, worker_id):
+        args = to_argv(self.config.worker_config(worker_id, self._address))
+        self.engine.start(
+            RoleSpec(RoleType.WORKER, worker_id, "elastic_keras.worker", tuple(args))
+        )
+
+    def _launch(self):
         """Starts every role, then waits for the parameter servers to register."""
         for ps_id in range(self.config.num_ps):
-            args = to_argv(self.config.ps_config(ps_id, address))
-            self.engine.start(RoleSpec(RoleType.PS, ps_id, "elastic_keras.ps", tuple(args)))
+            self._start_ps(ps_id, restore_from=self._restore_from)
         for worker_id in range(self.config.num_workers):
-            args = to_argv(self.config.worker_config(worker_id, address))
-            self.engine.start(
-                RoleSpec(RoleType.WORKER, worker_id, "elastic_keras.worker", tuple(args))
-            )
+            self._start_worker(worker_id)
         deadline = time.monotonic() + PS_REGISTRATION_TIMEOUT_S
         while not self.membership.ps_addresses()[0]:
             for exit_ in self.engine.poll():
@@ -197,6 +293,7 @@ class Master:
                     f"parameter servers did not register within {PS_REGISTRATION_TIMEOUT_S:.0f} s"
                 )
             time.sleep(0.05)
+        self._ps_client = PSClient(self.membership.ps_addresses()[1])
 
     def _loop(self):
         while True:
@@ -204,58 +301,183 @@ class Master:
                 self._on_role_exit(exit_)
             if self._error:
                 return
+            self._apply_scale()
+            self._stop_unresponsive_workers()
             epoch = self.tasks.epoch_finished()
             if epoch is not None:
                 logger.info("Epoch %d trained (model version %d)", epoch + 1, self.model_version)
                 if not self.tasks.start_evaluation(self.model_version):
                     self.tasks.next_epoch()
+            elif (self.config.evaluation_steps
+                  and self.model_version >= self._next_eval_version
+                  and self.tasks.start_evaluation(self.model_version, end_of_epoch=False)):
+                self._next_eval_version = self.model_version + self.config.evaluation_steps
             finished_round = self.tasks.evaluation_finished()
             if finished_round is not None:
-                self._close_evaluation(*finished_round)
-                self.tasks.next_epoch()
+                self._close_evaluation(finished_round)
+                if finished_round.end_of_epoch:
+                    self.tasks.next_epoch()
             if self.tasks.finished:
                 if self.tasks.failed:
                     self._error = self.tasks.error
                 return
+            if self.checkpoints.due(self.model_version):
+                self._checkpoint()
             self._show_progress()
             time.sleep(_TICK_S)
 
     def _on_role_exit(self, exit_):
+        spec = exit_.spec
+        if spec.type == RoleType.WORKER and spec.index in self._leaving:
+            self._leaving.discard(spec.index)
+            self.membership.forget_worker(spec.index)
+            lost = self.tasks.recover_worker(spec.index)
+            logger.info("%s left the job (exit code %d)%s", spec.name, exit_.exit_code,
+                        f"; {lost} of its tasks re-queued" if lost else "")
+            return
         if self.no_more_tasks and exit_.succeeded:
             return
         self._role_exits.append(exit_)
-        name = exit_.spec.name
-        if exit_.spec.type == RoleType.PS:
-            self._error = f"{name} exited with code {exit_.exit_code}; see its log"
-            return
-        lost = self.tasks.recover_worker(exit_.spec.index)
-        logger.warning("%s exited with code %d; %d of its tasks re-queued", name,
-                       exit_.exit_code, lost)
+        if spec.type == RoleType.PS:
+            self._on_ps_exit(exit_)
+        else:
+            self._on_worker_exit(exit_)
+
+    def _on_worker_exit(self, exit_):
+        spec = exit_.spec
+        self.membership.forget_worker(spec.index)
+        lost = self.tasks.recover_worker(spec.index)
+        how = ("left without being asked (preempted?)" if exit_.succeeded
+               else f"exited with code {exit_.exit_code}")
+        budget = self.config.relaunch_on_worker_failure
+        if self._relaunches[spec.name] < budget:
+            self._relaunches[spec.name] += 1
+            self._start_worker(spec.index)
+            logger.warning("%s %s; %d of its tasks re-queued; relaunched it (%d of %d)",
+                           spec.name, how, lost, self._relaunches[spec.name], budget)
+        else:
+            logger.warning("%s %s; %d of its tasks re-queued; not relaunched: it has been "
+                           "relaunched %d times (--relaunch-on-worker-failure)", spec.name,
+                           how, lost, budget)
         if not any(s.type == RoleType.WORKER for s in self.engine.running()):
             self._error = (
-                f"every worker has exited; the last, {name}, with code {exit_.exit_code}"
+                f"every worker has exited; the last, {spec.name}, with code {exit_.exit_code}"
             )
 
-    def _close_evaluation(self, epoch, model_version):
+    def _on_ps_exit(self, exit_):
+        spec = exit_.spec
+        budget = self.config.relaunch_on_ps_failure
+        if self._relaunches[spec.name] >= budget:
+            self._error = (f"{spec.name} exited with code {exit_.exit_code} and has been "
+                           f"relaunched {budget} times (--relaunch-on-ps-failure); see its log")
+            return
+        self._relaunches[spec.name] += 1
+        _, addresses = self.membership.ps_addresses()
+        port = int(addresses[spec.index].rsplit(":", 1)[1]) if addresses else 0
+        restore = self.checkpoints.latest() or self._restore_from
+        self._start_ps(spec.index, port, restore)
+        logger.warning(
+            "%s exited with code %d; relaunched it (%d of %d) at the same address, %s. "
+            "Workers wait for it.", spec.name, exit_.exit_code, self._relaunches[spec.name],
+            budget,
+            f"restoring {restore}" if restore else
+            "with no checkpoint to restore: workers re-initialise its dense variables from "
+            "their copies, and its embedding rows start again from their initial values",
+        )
+
+    def _apply_scale(self):
+        """Acts on an `elastic-keras scale` request: starts or stops workers."""
+        with self._scale_lock:
+            target = self._target_workers
+        change, self._applied_workers = target - self._applied_workers, target
+        if change > 0 and not self.no_more_tasks:
+            for _ in range(change):
+                worker_id, self._next_worker_id = self._next_worker_id, self._next_worker_id + 1
+                self._start_worker(worker_id)
+                logger.info("Scaled up: started worker-%d", worker_id)
+        elif change < 0:
+            active = sorted(s.index for s in self.engine.running()
+                            if s.type == RoleType.WORKER and s.index not in self._leaving)
+            for worker_id in active[len(active) + change:] if len(active) > 1 else ():
+                self._leaving.add(worker_id)
+                threading.Thread(
+                    target=self.engine.stop, args=(f"worker-{worker_id}", WORKER_LEAVE_GRACE_S),
+                    name=f"stop-worker-{worker_id}", daemon=True,
+                ).start()
+                logger.info("Scaled down: asked worker-%d to hand its task back and leave",
+                            worker_id)
+
+    def _stop_unresponsive_workers(self):
+        """Kills workers that stopped heartbeating or hold a task past its timeout; their
+        exits are then handled like any other (tasks re-queued, worker relaunched)."""
+        timeout = self.config.worker_heartbeat_timeout
+        for worker_id in self.membership.silent_workers(timeout) if timeout else ():
+            self.membership.forget_worker(worker_id)
+            logger.warning("worker-%d sent no heartbeat for %.0f s (--worker-heartbeat-timeout);"
+                           " killing it", worker_id, timeout)
+            self.engine.kill(f"worker-{worker_id}")
+        for task_id, worker_id, held_s in self.tasks.overdue(self.config.task_timeout_floor):
+            self.tasks.requeue_overdue(task_id)
+            logger.warning("worker-%d has held task %d for %.0f s, past the task timeout; "
+                           "re-queued the task and killing the worker", worker_id, task_id,
+                           held_s)
+            self.engine.kill(f"worker-{worker_id}")
+
+    # -- checkpoints, evaluation, progress --------------------------------------------------
+
+    def _job_state(self, finished=False):
+        return {
+            "tasks": self.tasks.state(),
+            "evaluations": list(self._evaluations),
+            "examples_trained": self._examples_before + self.throughput.records,
+            "model_version": self.model_version,
+            "finished": finished,
+            "relaunches": dict(self._relaunches),
+            "role_exits": self._earlier_role_exits + [
+                {"role": e.spec.name, "exit_code": e.exit_code} for e in self._role_exits],
+        }
+
+    def _checkpoint(self, finished=False):
+        """Snapshots the job state, then has every shard save (see `master/checkpoints`)."""
+        self.checkpoints.save(self._ps_client, self._job_state(finished))
+
+    def _close_evaluation(self, finished_round):
         metrics = self._eval_sums.results(self.spec.eval_metrics_fn)
         self._eval_sums = MetricSums()
-        self._evaluations.append(
-            {"epoch": epoch + 1, "model_version": model_version, "metrics": metrics}
-        )
+        # Workers report the version they evaluated; with training paused it is one version.
+        version = max(self._eval_versions, default=finished_round.model_version)
+        self._eval_versions = []
+        if self.config.evaluation_steps:  # the next round comes that many versions later
+            self._next_eval_version = max(self._next_eval_version,
+                                          version + self.config.evaluation_steps)
+        epoch = finished_round.epoch
+        self._evaluations.append({"epoch": epoch + 1, "model_version": version,
+                                  "end_of_epoch": finished_round.end_of_epoch,
+                                  "metrics": metrics})
         shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in metrics.items())
-        logger.info("Evaluation after epoch %d (model version %d): %s", epoch + 1,
-                    model_version, shown)
+        when = "after epoch" if finished_round.end_of_epoch else "during epoch"
+        logger.info("Evaluation %s %d (model version %d): %s", when, epoch + 1, version, shown)
+        if self._events:
+            self._events.scalars({f"eval/{k}": v for k, v in metrics.items()
+                                  if isinstance(v, (int, float))}, version)
+            self._events.flush()
 
     def _show_progress(self):
         epoch, done, total = self.tasks.progress()
         loss = self.throughput.loss
+        examples_per_second = self.throughput.examples_per_second()
         self.console.status(
             f"epoch {epoch + 1}/{self.config.num_epochs}  records {done}/{total}  "
             f"loss {'-' if loss is None else f'{loss:.4f}'}  "
-            f"{self.throughput.examples_per_second():.0f} examples/s  "
-            f"version {self.model_version}"
+            f"{examples_per_second:.0f} examples/s  version {self.model_version}"
         )
+        now = time.monotonic()
+        if self._events and loss is not None and now - self._events_at >= EVENTS_EVERY_S:
+            self._events_at = now
+            self._events.scalars({"train/loss": loss,
+                                  "train/examples_per_second": examples_per_second},
+                                 self.model_version)
 
     def _wait_for_rounds(self):
         """Synchronous training: waits until every shard has applied its last round."""
@@ -268,16 +490,10 @@ class Master:
             time.sleep(_TICK_S)
 
     def _export(self):
-        _, addresses = self.membership.ps_addresses()
-        client = PSClient(addresses)
-        try:
-            features = sample_features(self.spec, self._shards[0].path,
-                                       self.config.index_cache_dir)
-            path = os.path.join(self.config.output, "saved_model")
-            export_saved_model(self.spec, client, features, path,
-                               self.config.embedding_threshold_params)
-        finally:
-            client.close()
+        features = sample_features(self.spec, self._shards[0].path, self.config.index_cache_dir)
+        path = os.path.join(self.config.output, "saved_model")
+        export_saved_model(self.spec, self._ps_client, features, path,
+                           self.config.embedding_threshold_params)
 
     def _shutdown(self, server):
         """Lets roles exit on their own after a good end (workers when told there are no
@@ -292,6 +508,8 @@ class Master:
         for exit_ in self.engine.poll():
             if not exit_.succeeded:
                 self._role_exits.append(exit_)
+        if self._ps_client is not None:
+            self._ps_client.close()
         if server is not None:
             server.stop(grace=1.0)
         self.console.close()
@@ -325,12 +543,14 @@ class Master:
                 self._error = "some records were never trained"
         ended = self._training_ended_at or now
         training_time = ended - train_started if train_started else 0.0
-        trained = self.throughput.records
+        trained = self.throughput.records  # in this run; earlier runs of a resumed job add theirs
+        with self._scale_lock:
+            num_workers = self._target_workers
         return JobSummary(
             job_name=self.config.job_name,
             status=JobStatus.FAILED if failed else JobStatus.SUCCEEDED,
             error=self._error or (self.tasks.error if self.tasks else ""),
-            num_workers=self.config.num_workers,
+            num_workers=num_workers,
             num_ps=self.config.num_ps,
             epochs=epochs,
             tasks_done=self.tasks.tasks_done if self.tasks else 0,
@@ -339,12 +559,23 @@ class Master:
             final_model_version=self.model_version,
             wall_time_s=round(now - started, 3),
             training_time_s=round(training_time, 3),
-            examples_trained=trained,
+            examples_trained=self._examples_before + trained,
             examples_per_second=round(trained / training_time, 1) if training_time else 0.0,
             evaluations=self._evaluations,
             staleness=self.membership.staleness(),
-            role_exits=[{"role": e.spec.name, "exit_code": e.exit_code}
-                        for e in self._role_exits],
+            role_exits=self._earlier_role_exits + [
+                {"role": e.spec.name, "exit_code": e.exit_code} for e in self._role_exits],
             saved_model=(os.path.join(self.config.output, "saved_model")
                          if self.config.output and not failed else ""),
+            recovery={
+                "resumed_from": self._resumed_from,
+                "relaunches": dict(sorted(self._relaunches.items())),
+                "tasks_handed_back": self.tasks.tasks_handed_back if self.tasks else 0,
+                "checkpoints_written": self.checkpoints.written,
+                "last_checkpoint": self.checkpoints.last_path,
+                # A lost task attempt is retrained from its worker's last progress report,
+                # which lags by less than one reporting interval.
+                "duplicates_bound_per_lost_task": (self.config.progress_report_minibatches
+                                                   * self.config.minibatch_size),
+            },
         )

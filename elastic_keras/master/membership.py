@@ -39,6 +39,19 @@ class Membership:
             self._workers.add(worker_id)
             self._last_seen[("worker", worker_id)] = time.monotonic()
 
+    def forget_worker(self, worker_id):
+        """The worker has exited: a relaunched one must register afresh."""
+        with self._lock:
+            self._workers.discard(worker_id)
+            self._last_seen.pop(("worker", worker_id), None)
+
+    def silent_workers(self, timeout_s):
+        """Registered workers not heard from for more than `timeout_s` seconds."""
+        now = time.monotonic()
+        with self._lock:
+            return sorted(w for w in self._workers
+                          if now - self._last_seen.get(("worker", w), now) > timeout_s)
+
     def heartbeat(self, role, role_id):
         """Records a heartbeat; returns whether the role has registered with this master."""
         with self._lock:

@@ -1,5 +1,7 @@
 """The master's gRPC servicer: translates between protobuf and the `Master` object."""
 
+import grpc
+
 from elastic_keras.master.task_manager import TaskType
 from elastic_keras.proto import master_pb2, master_pb2_grpc
 
@@ -54,7 +56,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def ReportTaskResult(self, request, context):
         self._master.report_task_result(
             request.worker_id, request.task_id, request.records_done, request.error,
-            request.loss, request.model_version, request.metric_states,
+            request.loss, request.model_version, request.metric_states, request.abandoned,
         )
         return master_pb2.ReportTaskResultResponse()
 
@@ -64,3 +66,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             request.stale_rejections, request.pending_pushes,
         )
         return master_pb2.ReportVersionResponse()
+
+    def Scale(self, request, context):
+        job_name = self._master.config.job_name
+        if request.job_name and request.job_name != job_name:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"This master runs job {job_name!r}. Received: job_name="
+                          f"{request.job_name!r}")
+        if request.num_workers < 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"num_workers must be at least 1. Received: {request.num_workers}")
+        if self._master.engine is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "The job has not started its roles yet.")
+        previous, running = self._master.scale(request.num_workers)
+        return master_pb2.ScaleResponse(
+            job_name=job_name, previous_num_workers=previous,
+            num_workers=request.num_workers, running_workers=running,
+        )

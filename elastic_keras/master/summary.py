@@ -34,6 +34,9 @@ class JobSummary:
     staleness: dict         # per shard: applied pushes by staleness, rejections
     role_exits: list        # [{"role", "exit_code"}] of roles that stopped before the end
     saved_model: str = ""
+    # resumed_from, relaunches per role, tasks handed back, checkpoints written, last
+    # checkpoint, and the bound on records trained twice per lost task attempt
+    recovery: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         data = dataclasses.asdict(self)

@@ -130,7 +130,7 @@ class MetricState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states")
+    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class ReportTaskResultRequest(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     error: str
@@ -145,7 +146,8 @@ class ReportTaskResultRequest(_message.Message):
     loss: float
     model_version: int
     metric_states: _containers.RepeatedCompositeFieldContainer[MetricState]
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ...) -> None: ...
+    abandoned: bool
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ()
@@ -168,3 +170,23 @@ class ReportVersionRequest(_message.Message):
 class ReportVersionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("num_workers", "job_name")
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    num_workers: int
+    job_name: str
+    def __init__(self, num_workers: _Optional[int] = ..., job_name: _Optional[str] = ...) -> None: ...
+
+class ScaleResponse(_message.Message):
+    __slots__ = ("job_name", "previous_num_workers", "num_workers", "running_workers")
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    job_name: str
+    previous_num_workers: int
+    num_workers: int
+    running_workers: int
+    def __init__(self, job_name: _Optional[str] = ..., previous_num_workers: _Optional[int] = ..., num_workers: _Optional[int] = ..., running_workers: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,11 @@ class MasterStub:
                 request_serializer=elastic__keras_dot_proto_dot_master__pb2.ReportVersionRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_master__pb2.ReportVersionResponse.FromString,
                 _registered_method=True)
+        self.Scale = channel.unary_unary(
+                '/elastic_keras.Master/Scale',
+                request_serializer=elastic__keras_dot_proto_dot_master__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_master__pb2.ScaleResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -127,6 +132,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Scale(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +180,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportVersion,
                     request_deserializer=elastic__keras_dot_proto_dot_master__pb2.ReportVersionRequest.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_master__pb2.ReportVersionResponse.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=elastic__keras_dot_proto_dot_master__pb2.ScaleRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_master__pb2.ScaleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +403,33 @@ class Master:
             '/elastic_keras.Master/ReportVersion',
             elastic__keras_dot_proto_dot_master__pb2.ReportVersionRequest.SerializeToString,
             elastic__keras_dot_proto_dot_master__pb2.ReportVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_keras.Master/Scale',
+            elastic__keras_dot_proto_dot_master__pb2.ScaleRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_master__pb2.ScaleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -143,3 +143,23 @@ class PushGradientsResponse(_message.Message):
     reason: str
     stale: bool
     def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ("path", "num_ps")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NUM_PS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    num_ps: int
+    def __init__(self, path: _Optional[str] = ..., num_ps: _Optional[int] = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ("file", "bytes", "crc32c", "model_version")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    bytes: int
+    crc32c: int
+    model_version: int
+    def __init__(self, file: _Optional[str] = ..., bytes: _Optional[int] = ..., crc32c: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...

@@ -69,6 +69,11 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.FromString,
                 _registered_method=True)
+        self.SaveCheckpoint = channel.unary_unary(
+                '/elastic_keras.PServer/SaveCheckpoint',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -116,6 +121,12 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.PullTable,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.SerializeToString,
+            ),
+            'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveCheckpoint,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class PServer:
             '/elastic_keras.PServer/PullTable',
             elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_keras.PServer/SaveCheckpoint',
+            elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

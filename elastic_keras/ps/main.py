@@ -4,16 +4,19 @@ Usage:
 
     python -m elastic_keras.ps --ps-id 0 --num-ps 1 --master-addr 127.0.0.1:5000 \\
         [--host 127.0.0.1] [--port 0] [--compression auto] [--chunk-bytes 4194304] \\
-        [--transfer-dtype float32] [--job-name NAME] [--log-level info]
+        [--transfer-dtype float32] [--job-name NAME] [--restore-from DIR] [--log-level info]
 
 The process starts its gRPC server (port 0 lets the OS pick), registers its address with the
 master, then every `HEARTBEAT_INTERVAL_S` sends a heartbeat and reports its model version.
 After the master has been unreachable for a while, the next answer re-registers the address,
-so a restarted master learns it again.
+so a restarted master learns it again. With `--restore-from CHECKPOINT_DIR/ckpt-N`, the shard
+first loads its state from that checkpoint (re-sharded if it was written by another number of
+parameter servers), so InitModel from a worker keeps it.
 
 Exit status: 0 when the master says the job has finished, or on SIGTERM/SIGINT (the server
 gets `STOP_GRACE_S` to finish calls in flight); `EXIT_MASTER_LOST` when the master has not
-answered for `MASTER_LOST_S`, so no orphan parameter server outlives its job; 2 for bad flags.
+answered for `MASTER_LOST_S`, so no orphan parameter server outlives its job; 2 for bad flags
+or a checkpoint that cannot be restored (`EXIT_BAD_CHECKPOINT`).
 """
 
 import contextlib
@@ -27,24 +30,24 @@ import grpc
 
 from elastic_keras.common import rpc
 from elastic_keras.common.config import PSConfig, parse_argv
+from elastic_keras.common.errors import CheckpointError
 from elastic_keras.common.log import setup_logging
-from elastic_keras.common.master_client import MasterClient
+from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.tensor_stream import TransferOptions
 from elastic_keras.proto import pserver_pb2_grpc
+from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = 2.0
 # Deadline of each call to the master; a heartbeat's is cut to the time left before
 # MASTER_LOST_S, so the process exits close to that bound.
 MASTER_CALL_DEADLINE_S = 5.0
-# How long the master may stay silent before this process gives up and exits.
-MASTER_LOST_S = 30.0
 STOP_GRACE_S = 1.0
 EXIT_MASTER_LOST = 1
+EXIT_BAD_CHECKPOINT = 2
 
 
 def main(argv=None) -> int:
@@ -78,8 +81,10 @@ def run(config, stop):
         round_timeout_s=config.sync_round_timeout_s,
     )
     parameters = Parameters(policy)
+    if config.restore_from and not _restore(config, parameters):
+        return EXIT_BAD_CHECKPOINT
     transfer = TransferOptions.of(config)
-    servicer = PServerServicer(parameters, transfer)
+    servicer = PServerServicer(parameters, transfer, config.ps_id)
     server, port = rpc.create_server(
         [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)],
         config.host,
@@ -97,6 +102,26 @@ def run(config, stop):
         master.close()
         server.stop(STOP_GRACE_S).wait()
         logger.info("Parameter server %d stopped.", config.ps_id)
+
+
+def _restore(config, parameters):
+    """Restores the shard from `--restore-from`; False (logged) when that cannot be done."""
+    path = config.restore_from
+    started = time.monotonic()
+    try:
+        snapshot = load_shards(path, config.ps_id, config.num_ps)
+        parameters.restore(snapshot)
+    except CheckpointError as exc:
+        logger.error("Cannot restore shard %d of %d from --restore-from %s: %s",
+                     config.ps_id, config.num_ps, path, exc)
+        return False
+    rows = {name: len(state.ids) for name, state in snapshot.table_states.items()}
+    logger.info(
+        "Restored shard %d of %d from %s in %.1f s: model version %d, %d dense variables, "
+        "rows per table %s.", config.ps_id, config.num_ps, path, time.monotonic() - started,
+        snapshot.version, len(snapshot.dense), rows or "(no tables)",
+    )
+    return True
 
 
 @contextlib.contextmanager

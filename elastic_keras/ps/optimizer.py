@@ -73,6 +73,33 @@ def optimizer_from_config(config):
     return optimizer
 
 
+def _build_recording_slots(optimizer, variables):
+    """Builds `optimizer` on `variables` (`{name: tf.Variable}`) and returns its slots.
+
+    Keras names a slot after its variable's name with "/" and ":" replaced, which can be
+    ambiguous; instead this records each `add_variable_from_reference` call while the
+    optimizer builds.
+
+    Returns:
+        `{(variable name, slot name): optimizer variable}`.
+    """
+    names = {id(variable): name for name, variable in variables.items()}
+    slots = {}
+    create = optimizer.add_variable_from_reference
+
+    def recording(reference_variable, name=None, initializer="zeros"):
+        slot = create(reference_variable, name=name, initializer=initializer)
+        slots[(names[id(reference_variable)], name or "var")] = slot
+        return slot
+
+    optimizer.add_variable_from_reference = recording
+    try:
+        optimizer.build(list(variables.values()))
+    finally:
+        del optimizer.add_variable_from_reference
+    return slots
+
+
 class _ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
     """The optimizer's own learning rate (a value or a schedule) times a settable factor."""
 
@@ -91,7 +118,9 @@ class OptimizerApplier:
     """Applies gradients to a fixed set of variables with one Keras optimizer.
 
     The optimizer is built at once on every variable given, so it holds a slot set for each
-    and any subset can be updated later. Not thread-safe: callers serialise `apply`.
+    and any subset can be updated later; `state()` and `set_state()` copy the slots (keyed by
+    variable and slot name) and step count out and back, for checkpoints. Not thread-safe:
+    callers serialise `apply`.
 
     Args:
         optimizer: an unbuilt Keras optimizer.
@@ -104,7 +133,13 @@ class OptimizerApplier:
         # Staleness modulation scales one update's learning rate through this factor.
         self._lr_scale = tf.Variable(1.0, trainable=False, name="lr_scale")
         optimizer.learning_rate = _ScaledLearningRate(optimizer._learning_rate, self._lr_scale)
-        optimizer.build(list(self._variables.values()))
+        self._slots = _build_recording_slots(optimizer, self._variables)
+        slot_ids = {id(v) for v in self._slots.values()} | {id(optimizer.iterations)}
+        # Other state of the optimizer's own (e.g. Nadam's momentum product), by position.
+        self._other_variables = {
+            f"{i}:{v.name}": v
+            for i, v in enumerate(v for v in optimizer.variables if id(v) not in slot_ids)
+        }
         self._compiled = {}
         self._warned_cache_full = False
 
@@ -112,6 +147,49 @@ class OptimizerApplier:
     def traces(self):
         """How many times pushes have been traced into graphs (one per signature when healthy)."""
         return sum(f.experimental_get_tracing_count() for f in self._compiled.values())
+
+    def state(self):
+        """The optimizer's state as numpy data, keyed so that it survives re-sharding.
+
+        Returns:
+            `(iterations, slots, others)`: the step count; `{variable name: {slot name:
+            array}}` for every slot the optimizer made from a variable (`"momentum"`,
+            `"velocity"`, ...); `{key: array}` of its other variables, which every shard with
+            the same optimizer config has in the same order.
+        """
+        slots = {}
+        for (name, slot), variable in self._slots.items():
+            slots.setdefault(name, {})[slot] = variable.numpy()
+        others = {key: v.numpy() for key, v in self._other_variables.items()}
+        return int(self.optimizer.iterations.numpy()), slots, others
+
+    def set_state(self, iterations, slots, others):
+        """Assigns a `state()`: needs a slot for each of this applier's and nothing more.
+
+        Raises:
+            ValueError: a slot or other variable is missing, unknown, or has the wrong shape.
+        """
+        given = {(name, slot): value for name, named in slots.items()
+                 for slot, value in named.items()}
+        for what, expected, received in (("slots", self._slots, given),
+                                         ("other variables", self._other_variables, others)):
+            if set(expected) != set(received):
+                raise ValueError(
+                    f"The optimizer state must hold exactly the {what} of "
+                    f"{type(self.optimizer).__name__} on these variables: "
+                    f"{sorted(map(str, expected))}. Received: {sorted(map(str, received))}"
+                )
+            for key, variable in expected.items():
+                if tuple(received[key].shape) != tuple(variable.shape):
+                    raise ValueError(
+                        f"Optimizer {what[:-1]} {key} must have shape "
+                        f"{list(variable.shape)}. Received: {list(received[key].shape)}"
+                    )
+        for key, variable in self._slots.items():
+            variable.assign(given[key])
+        for key, variable in self._other_variables.items():
+            variable.assign(others[key])
+        self.optimizer.iterations.assign(iterations)
 
     def apply(self, gradients, lr_scale=1.0):
         """Applies one step: `gradients` maps names to dense tensors or `tf.IndexedSlices`.

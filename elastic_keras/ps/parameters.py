@@ -17,6 +17,9 @@ Example:
     PushResult(accepted=True, model_version=1, reason='')
     >>> params.pull().dense["w"].tolist()
     [0.5, 1.5]
+
+`snapshot()` copies the whole state as plain data (for checkpoints, see `ps/checkpoint.py`)
+and `restore()` starts an empty shard from one.
 """
 
 import dataclasses
@@ -26,10 +29,12 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_keras.common.embedding_init import check_initializer
-from elastic_keras.common.errors import ModelSpecError, NotReadyError, PayloadError
+from elastic_keras.common.errors import (
+    CheckpointError, DataError, ModelSpecError, NotReadyError, PayloadError, PSError,
+)
 from elastic_keras.common.tensor_codec import Slices
 from elastic_keras.ps.consistency import StalenessStats, SyncRound, UpdatePolicy
-from elastic_keras.ps.embedding_table import EmbeddingTable
+from elastic_keras.ps.embedding_table import EmbeddingTable, TableState
 from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config
 from elastic_keras.ps.sparse_optimizers import from_keras_config as sparse_optimizer_from_config
 from elastic_keras.ps.updates import VariableSpec, check_initial_values, prepare_update
@@ -96,6 +101,34 @@ class TableConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A shard's whole state as plain data: what `Parameters.snapshot` copies and `restore` takes.
+
+    Attributes:
+        version: the model version. It is also the step count of the tables' sparse
+            optimizer, which keeps no other state.
+        optimizer_config: the JSON of `keras.optimizers.serialize(optimizer)`.
+        tables: the `TableConfig`s the shard was initialised with.
+        dense: `{name: array}` of the dense variables, in their own dtypes.
+        optimizer_iterations: the dense optimizer's step count.
+        optimizer_slots: `{variable name: {slot name: array}}` (see `OptimizerApplier.state`).
+        optimizer_others: `{key: array}`: the dense optimizer's other variables.
+        table_states: `{table name: TableState}`, rows with their optimizer slots.
+        applied_sequences: `{worker id: the highest push sequence applied}`.
+    """
+
+    version: int
+    optimizer_config: str
+    tables: tuple
+    dense: dict
+    optimizer_iterations: int
+    optimizer_slots: dict
+    optimizer_others: dict
+    table_states: dict
+    applied_sequences: dict
+
+
+@dataclasses.dataclass(frozen=True)
 class _Model:
     """What InitModel creates; fixed once published (only the values change)."""
 
@@ -104,6 +137,8 @@ class _Model:
     applier: OptimizerApplier
     tables: dict
     sparse_optimizer: object
+    optimizer_config: str
+    table_configs: tuple
 
 
 class Parameters:
@@ -159,26 +194,73 @@ class Parameters:
         with self._lock:
             if self._model is not None:
                 return InitResult(initialized_now=False, model_version=self._version)
-            variables = {name: tf.Variable(value, name=name) for name, value in values.items()}
-            trainable = {n: v for n, v in variables.items() if v.dtype.is_floating}
-            slot_names = sparse_optimizer.slot_names if sparse_optimizer else ()
-            self._model = _Model(
-                variables=variables,
-                specs={name: VariableSpec.of(v) for name, v in variables.items()},
-                applier=OptimizerApplier(optimizer, trainable),
-                tables={
-                    t.name: EmbeddingTable(
-                        t.name, t.dim, t.initializer, t.input_dim, np.dtype(t.dtype),
-                        slot_names=slot_names,
-                        slot_initial_values={n: sparse_optimizer.slot_initial_value(n)
-                                             for n in slot_names},
-                    )
-                    for t in tables
-                },
-                sparse_optimizer=sparse_optimizer,
-            )
+            self._model = _build_model(values, optimizer, optimizer_config, tables,
+                                       sparse_optimizer)
             self._version = 0
             return InitResult(initialized_now=True, model_version=0)
+
+    def snapshot(self):
+        """A consistent copy of the whole shard as a `Snapshot` of numpy data.
+
+        Taken under the lock, so it holds exactly the updates of versions up to its
+        `version`. Pushes waiting in an open synchronous round are not part of it.
+
+        Raises:
+            NotReadyError: the shard has no model yet.
+        """
+        model = self._require_model("A snapshot")
+        with self._lock:
+            iterations, slots, others = model.applier.state()
+            return Snapshot(
+                version=self._version,
+                optimizer_config=model.optimizer_config,
+                tables=model.table_configs,
+                dense={name: v.numpy() for name, v in model.variables.items()},
+                optimizer_iterations=iterations,
+                optimizer_slots=slots,
+                optimizer_others=others,
+                table_states={name: t.state() for name, t in model.tables.items()},
+                applied_sequences=dict(self._applied_sequence),
+            )
+
+    def restore(self, snapshot):
+        """Initialises this empty shard from a `Snapshot`, as InitModel then pushes would.
+
+        The model is built exactly as `init_model` builds it from the snapshot's optimizer
+        config and tables; then values, optimizer slots, table rows, the version and the
+        applied sequences are set. A later InitModel keeps the restored model.
+
+        Raises:
+            PSError: the shard already holds a model.
+            CheckpointError: the snapshot is inconsistent (a missing slot, a table's rows
+                that do not fit its config, ...); the shard stays empty.
+        """
+        if self._model is not None:
+            raise PSError(
+                "restore needs an empty shard: this one already holds a model at version "
+                f"{self._version}. Received: a snapshot at version {snapshot.version}"
+            )
+        try:
+            values = check_initial_values(tuple(snapshot.dense.items()))
+            optimizer = optimizer_from_config(snapshot.optimizer_config)
+            tables = _check_tables(snapshot.tables, values)
+            sparse_optimizer = (sparse_optimizer_from_config(snapshot.optimizer_config)
+                                if tables else None)
+            model = _build_model(values, optimizer, snapshot.optimizer_config, tables,
+                                 sparse_optimizer)
+            model.applier.set_state(snapshot.optimizer_iterations, snapshot.optimizer_slots,
+                                    snapshot.optimizer_others)
+            _restore_tables(model, snapshot.table_states, sparse_optimizer)
+        except (PayloadError, DataError, ValueError) as exc:
+            raise CheckpointError(f"The snapshot at version {snapshot.version} cannot be "
+                                  f"restored: {exc}") from exc
+        with self._lock:
+            if self._model is not None:
+                raise PSError("restore needs an empty shard: InitModel came first.")
+            self._model = model
+            self._version = snapshot.version
+            self._applied_sequence = dict(snapshot.applied_sequences)
+            self._version_changed.notify_all()
 
     def pull(self, known_version=-1, min_version=0, timeout_s=0.0):
         """The current values, or none when `known_version` is the current version.
@@ -335,6 +417,52 @@ class Parameters:
         with self._lock:
             chunks = [(np.array(ids), np.array(rows)) for ids, rows in table.export(chunk_rows)]
         return chunks
+
+
+def _build_model(values, optimizer, optimizer_config, tables, sparse_optimizer):
+    """The `_Model` of checked initial values, a Keras optimizer and table configs."""
+    variables = {name: tf.Variable(value, name=name) for name, value in values.items()}
+    trainable = {n: v for n, v in variables.items() if v.dtype.is_floating}
+    slot_names = sparse_optimizer.slot_names if sparse_optimizer else ()
+    return _Model(
+        variables=variables,
+        specs={name: VariableSpec.of(v) for name, v in variables.items()},
+        applier=OptimizerApplier(optimizer, trainable),
+        tables={
+            t.name: EmbeddingTable(
+                t.name, t.dim, t.initializer, t.input_dim, np.dtype(t.dtype),
+                slot_names=slot_names,
+                slot_initial_values={n: sparse_optimizer.slot_initial_value(n)
+                                     for n in slot_names},
+            )
+            for t in tables
+        },
+        sparse_optimizer=sparse_optimizer,
+        optimizer_config=optimizer_config,
+        table_configs=tuple(tables),
+    )
+
+
+def _restore_tables(model, states, sparse_optimizer):
+    """Replaces the empty tables of a new `model` with tables holding `states`' rows."""
+    if set(states) != set(model.tables):
+        raise CheckpointError(f"The table states must be those of the tables "
+                              f"{sorted(model.tables)}. Received: {sorted(states)}")
+    for name, empty in list(model.tables.items()):
+        state = TableState(*states[name])
+        if set(state.slots) != set(empty.slot_names):
+            raise CheckpointError(f"Table {name!r} needs the optimizer slots "
+                                  f"{list(empty.slot_names)}. Received: {sorted(state.slots)}")
+        if state.values.shape[1:] != (empty.dim,) or state.values.dtype != empty.dtype:
+            raise CheckpointError(
+                f"Table {name!r} rows must be {empty.dtype.name} of width {empty.dim}. "
+                f"Received: {state.values.dtype.name}, shape {list(state.values.shape)}"
+            )
+        model.tables[name] = EmbeddingTable.from_state(
+            name, empty.initializer, state.ids, state.values,
+            {slot: state.slots[slot] for slot in empty.slot_names}, empty.input_dim,
+            {n: sparse_optimizer.slot_initial_value(n) for n in empty.slot_names},
+        )
 
 
 def _check_tables(tables, dense_values):

@@ -6,6 +6,9 @@ dense pulls come unary or streamed (`tensor_stream`); a streamed push is read wh
 chunk checked, before anything reaches `Parameters`. Gradients that arrive as float16 or
 bfloat16 become float32 first; pulled parameters and embedding rows leave in the shard's
 transfer dtype (`TransferOptions`), and streamed pulls in its codec and chunk size.
+SaveCheckpoint writes the shard's file into a checkpoint directory (`ps/checkpoint.py`); a
+bad request is INVALID_ARGUMENT, an uninitialised shard FAILED_PRECONDITION and a failed
+write INTERNAL, each naming the path.
 
 Example:
 
@@ -16,12 +19,14 @@ Example:
 
 import contextlib
 import logging
+import os
 
 import grpc
 
 from elastic_keras.common import tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+from elastic_keras.ps.checkpoint import save_shard
 from elastic_keras.ps.parameters import Push, TableConfig
 
 logger = logging.getLogger(__name__)
@@ -47,11 +52,15 @@ def _decode_all(tensors):
 
 
 class PServerServicer(pserver_pb2_grpc.PServerServicer):
-    """Serves one shard's `Parameters` over gRPC, sending tensors as `transfer` says."""
+    """Serves one shard's `Parameters` over gRPC, sending tensors as `transfer` says.
 
-    def __init__(self, parameters, transfer=tensor_stream.TransferOptions()):
+    `ps_id` is the shard's index, which names its checkpoint files.
+    """
+
+    def __init__(self, parameters, transfer=tensor_stream.TransferOptions(), ps_id=0):
         self._parameters = parameters
         self._transfer = transfer
+        self._ps_id = ps_id
 
     def InitModel(self, request, context):
         with _abort_on_domain_errors(context, "InitModel"):
@@ -123,3 +132,34 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             yield pserver_pb2.PullTableResponse(
                 rows=tensor_codec.encode_slices(request.table, rows, ids, (0, rows.shape[1]))
             )
+
+    def SaveCheckpoint(self, request, context):
+        path, num_ps = request.path, request.num_ps
+        if not path or not os.path.isabs(path):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "SaveCheckpoint: path must be the absolute path of a checkpoint directory "
+                f"(CHECKPOINT_DIR/ckpt-N). Received: path={path!r}",
+            )
+        if not 0 <= self._ps_id < num_ps:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"SaveCheckpoint: num_ps must be above this shard's id {self._ps_id}. "
+                f"Received: num_ps={num_ps}",
+            )
+        with _abort_on_domain_errors(context, "SaveCheckpoint"):
+            try:
+                shard = save_shard(self._parameters, path, self._ps_id, num_ps)
+            except OSError as exc:
+                logger.error("SaveCheckpoint into %s failed: %s", path, exc)
+                context.abort(
+                    grpc.StatusCode.INTERNAL,
+                    f"SaveCheckpoint: shard {self._ps_id} cannot write its file into {path}: "
+                    f"{exc}",
+                )
+        logger.info("Saved shard %d of %d at version %d to %s (%d bytes).", self._ps_id,
+                    num_ps, shard.model_version, os.path.join(path, shard.file), shard.bytes)
+        return pserver_pb2.SaveCheckpointResponse(
+            file=shard.file, bytes=shard.bytes, crc32c=shard.crc32c,
+            model_version=shard.model_version,
+        )

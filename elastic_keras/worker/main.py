@@ -1,12 +1,22 @@
-"""The worker process: `python -m elastic_keras.worker --worker-id N --master-addr H:P ...`."""
+"""The worker process: `python -m elastic_keras.worker --worker-id N --master-addr H:P ...`.
+
+Exit status: 0 when the master has no more tasks, and when SIGTERM (preemption, scaling down)
+made the worker hand its task back and leave; `EXIT_MASTER_LOST` when the master has not
+answered for `MASTER_LOST_S`, so no orphan worker outlives its job; 2 for bad flags.
+"""
 
 import logging
+import os
+import signal
 import sys
+import threading
 import time
+
+import grpc
 
 from elastic_keras.common.config import WorkerConfig, parse_argv
 from elastic_keras.common.log import setup_logging
-from elastic_keras.common.master_client import MasterClient
+from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.common.tensor_stream import TransferOptions
@@ -16,11 +26,12 @@ from elastic_keras.worker.trainer import Trainer
 logger = logging.getLogger("elastic_keras.worker")
 
 CLUSTER_WAIT_S = 300.0
+EXIT_MASTER_LOST = 1
 
 
-def _wait_for_cluster(master, worker_id):
+def _wait_for_cluster(master, worker_id, stop):
     deadline = time.monotonic() + CLUSTER_WAIT_S
-    while True:
+    while not stop.is_set():
         ready, addresses = master.get_cluster(worker_id)
         if ready:
             return addresses
@@ -28,26 +39,78 @@ def _wait_for_cluster(master, worker_id):
             raise TimeoutError(
                 f"the parameter servers did not all register within {CLUSTER_WAIT_S:.0f} s"
             )
-        time.sleep(0.2)
+        stop.wait(0.2)
+    return None
+
+
+class Heartbeat(threading.Thread):
+    """Tells the master every `HEARTBEAT_INTERVAL_S` that this worker lives.
+
+    Registers again when a restarted master does not know the worker, and ends the process
+    with `EXIT_MASTER_LOST` once the master has been silent for `MASTER_LOST_S` (the main
+    thread may then be blocked in a call to it).
+    """
+
+    def __init__(self, master, worker_id):
+        super().__init__(name="heartbeat", daemon=True)
+        self._master = master
+        self._worker_id = worker_id
+        self._done = threading.Event()
+
+    def run(self):
+        last_answer = time.monotonic()
+        while not self._done.wait(HEARTBEAT_INTERVAL_S):
+            time_left = last_answer + MASTER_LOST_S - time.monotonic()
+            try:
+                answer = self._master.heartbeat("worker", self._worker_id,
+                                                timeout_s=max(0.1, min(5.0, time_left)))
+                last_answer = time.monotonic()
+                if answer.register_again:
+                    self._master.register_worker(self._worker_id)
+            except grpc.RpcError as exc:
+                silent = time.monotonic() - last_answer
+                if silent >= MASTER_LOST_S:
+                    logger.error("The master at %s has not answered for %.0f s: it is gone. "
+                                 "Exiting so that no orphan worker lives on.",
+                                 self._master.address, silent)
+                    logging.shutdown()
+                    os._exit(EXIT_MASTER_LOST)
+                    return
+                logger.warning("The master did not answer a heartbeat (%s); silent for %.0f s",
+                               exc.code().name, silent)
+
+    def close(self):
+        self._done.set()
 
 
 def main(argv=None):
-    """Runs one worker until the master has no more tasks; returns the exit code."""
+    """Runs one worker until the master has no more tasks or it is told to leave."""
     config = parse_argv(WorkerConfig, sys.argv[1:] if argv is None else argv,
                         prog="python -m elastic_keras.worker")
     setup_logging(config.log_level)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     spec = load_model_spec(config.model_zoo, config.model_def)
     master = MasterClient(config.master_addr)
     master.register_worker(config.worker_id)
-    ps_client = PSClient(_wait_for_cluster(master, config.worker_id),
-                         transfer=TransferOptions.of(config))
-    logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
-                config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
+    heartbeat = Heartbeat(master, config.worker_id)
+    heartbeat.start()
+    ps_client = None
     try:
+        addresses = _wait_for_cluster(master, config.worker_id, stop)
+        if addresses is None:
+            logger.info("Worker %d told to stop before it started", config.worker_id)
+            return 0
+        ps_client = PSClient(addresses, transfer=TransferOptions.of(config))
+        logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
+                    config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,
-                          config.sync, config.max_stale_retries, config.overlap)
-        TaskLoop(config, spec, master, trainer).run()
+                          config.sync, config.max_stale_retries, config.overlap, stop=stop)
+        TaskLoop(config, spec, master, trainer, stop).run()
     finally:
-        ps_client.close()
+        heartbeat.close()
+        if ps_client is not None:
+            ps_client.close()
         master.close()
     return 0

@@ -1,9 +1,15 @@
-"""The worker's loop: ask the master for a task, run it, report, repeat until told to stop."""
+"""The worker's loop: ask the master for a task, run it, report, repeat until told to stop.
+
+When `stop` is set (SIGTERM: preemption or scaling down), the worker finishes the minibatch
+it is on, makes sure its push has landed, hands the task back after the records done, and
+the loop returns: the process exits 0 well within the master's grace period.
+"""
 
 import logging
-import time
+import threading
 import traceback
 
+import grpc
 import tensorflow as tf
 
 from elastic_keras.common.model_spec import Mode
@@ -13,6 +19,11 @@ from elastic_keras.proto import master_pb2
 logger = logging.getLogger(__name__)
 
 WAIT_S = 0.3
+HAND_BACK_TIMEOUT_S = 10.0
+
+
+class _Leaving(Exception):
+    """Raised inside a task when the worker has been told to leave."""
 
 
 class TaskLoop:
@@ -23,26 +34,29 @@ class TaskLoop:
         spec: the loaded `ModelSpec`.
         master: a `MasterClient`.
         trainer: a `Trainer`.
+        stop: a `threading.Event`; once set, the worker hands its task back and leaves.
     """
 
-    def __init__(self, config, spec, master, trainer):
+    def __init__(self, config, spec, master, trainer, stop=None):
         self._config = config
         self._spec = spec
         self._master = master
         self._trainer = trainer
+        self._stop = stop or threading.Event()
         self._readers = {}
 
     def run(self):
-        """Returns when the master has no more tasks."""
-        while True:
+        """Returns when the master has no more tasks, or after leaving on `stop`."""
+        while not self._stop.is_set():
             task = self._master.get_task(self._config.worker_id)
             if task.type == master_pb2.TASK_NONE:
                 logger.info("No more tasks; worker %d done", self._config.worker_id)
                 return
             if task.type == master_pb2.TASK_WAIT:
-                time.sleep(WAIT_S)
+                self._stop.wait(WAIT_S)
                 continue
             self._run_task(task)
+        logger.info("Worker %d told to stop; leaving", self._config.worker_id)
 
     def _run_task(self, task):
         state = {"records_done": 0, "losses": []}
@@ -52,7 +66,13 @@ class TaskLoop:
                 self._train(task, state)
             else:
                 metric_states = self._evaluate(task, state)
+        except _Leaving:
+            self._hand_back(task, state["records_done"])
+            return
         except Exception as exc:  # noqa: BLE001 - reported to the master, which decides
+            if self._stop.is_set():  # e.g. a wait for a parameter server cut short
+                self._hand_back(task, state["records_done"])
+                return
             logger.error("Task %d failed:\n%s", task.task_id, traceback.format_exc())
             self._master.report_task_result(
                 self._config.worker_id, task.task_id, state["records_done"],
@@ -65,6 +85,16 @@ class TaskLoop:
             loss=sum(losses) / len(losses) if losses else 0.0,
             model_version=self._trainer.model_version, metric_states=metric_states,
         )
+
+    def _hand_back(self, task, records_done):
+        logger.info("Handing task %d back after %d records", task.task_id, records_done)
+        try:
+            self._master.report_task_result(
+                self._config.worker_id, task.task_id, records_done, abandoned=True,
+                model_version=self._trainer.model_version, timeout_s=HAND_BACK_TIMEOUT_S,
+            )
+        except grpc.RpcError as exc:  # the master re-queues it when this worker exits
+            logger.warning("Could not hand task %d back (%s)", task.task_id, exc.code().name)
 
     def _batches(self, task, mode):
         reader = self._readers.get(task.path)
@@ -92,6 +122,9 @@ class TaskLoop:
                     sum(pending) / len(pending), self._trainer.model_version,
                 )
                 pending = []
+            if self._stop.is_set():
+                self._trainer.flush()  # what is handed back as done has landed
+                raise _Leaving()
         self._trainer.flush()
 
     def _evaluate(self, task, state):

@@ -4,13 +4,21 @@ The model lives in the worker as a plain Keras model whose variables are overwri
 the parameter servers' values before each step. The step runs under `tf.GradientTape`,
 compiled with `tf.function` unless the model cannot be traced, in which case it runs
 eagerly (with a warning).
+
+A parameter server that stops answering (it died; the master relaunches it at the same
+address) is waited for, up to `PS_RECOVERY_S`: every call to the shards is retried, a push
+with its original sequence number so that shards which already applied it do not apply it
+twice. A shard that comes back without a checkpoint holds no model; the worker then offers
+it its own copy of the dense variables (InitModel keeps the first offer).
 """
 
 import concurrent.futures
 import json
 import logging
+import threading
 import time
 
+import grpc
 import keras
 import numpy as np
 import tensorflow as tf
@@ -25,6 +33,12 @@ from elastic_keras.layers.tables import ps_tables
 from elastic_keras.proto import pserver_pb2
 
 logger = logging.getLogger(__name__)
+
+# How long a worker waits for an unreachable parameter server before failing its task.
+PS_RECOVERY_S = 300.0
+_RETRY_PAUSE_S = 1.0
+_RECOVERABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.FAILED_PRECONDITION)  # the last: a shard without a model
 
 
 class Trainer:
@@ -50,8 +64,11 @@ class Trainer:
     """
 
     def __init__(self, spec, ps_client, worker_id, embedding_threshold_params=1_000_000,
-                 sync=False, max_stale_retries=20, overlap=False):
+                 sync=False, max_stale_retries=20, overlap=False, stop=None):
         self._spec = spec
+        self._stop = stop or threading.Event()  # set: stop waiting for parameter servers
+        self._init_args = None  # (optimizer config, table specs) of InitModel
+        self._needs_init = False
         self._ps = ps_client
         self._worker_id = worker_id
         self._threshold = embedding_threshold_params
@@ -94,13 +111,15 @@ class Trainer:
         self._fixed = {n: v for n, v in fixed.items() if id(v) not in replaced}
         initial = {n: v.numpy() for n, v in {**self._trainable, **self._fixed}.items()}
         optimizer_config = json.dumps(keras.optimizers.serialize(self._spec.optimizer()))
-        self._ps.init_model(initial, optimizer_config, [
+        self._init_args = (optimizer_config, [
             pserver_pb2.EmbeddingTableSpec(
                 name=t.name, dim=t.dim, input_dim=t.input_dim, dtype=t.dtype,
                 initializer=json.dumps(t.initializer_config),
             )
             for t in self._tables
         ])
+        self._through_outages("InitModel",
+                              lambda: self._ps.init_model(initial, *self._init_args))
         self._train_step = _compile(self._train_step_fn, "training step")
         self._forward = _compile(self._forward_fn, "forward pass")
         logger.info(
@@ -111,12 +130,64 @@ class Trainer:
             ", ".join(f"{t.name} (dim {t.dim})" for t in self._tables) or "none",
         )
 
+    def _through_outages(self, what, call):
+        """`call()`, retried while a parameter server is unreachable or lacks its model,
+        for up to `PS_RECOVERY_S`.
+
+        Raises:
+            PSError: the shard did not come back in time, or the worker was told to stop.
+        """
+        lost_at = None
+        while True:
+            try:
+                if self._needs_init:
+                    self._reinitialize()
+                result = call()
+            except grpc.RpcError as exc:
+                if exc.code() not in _RECOVERABLE:
+                    raise
+                now = time.monotonic()
+                if lost_at is None:
+                    lost_at = now
+                    logger.warning("A parameter server failed %s (%s: %s); retrying for up to "
+                                   "%.0f s", what, exc.code().name, exc.details(),
+                                   PS_RECOVERY_S)
+                if now - lost_at > PS_RECOVERY_S or self._stop.is_set():
+                    raise PSError(f"A parameter server failed {what} for "
+                                  f"{now - lost_at:.0f} s: {exc.code().name}: "
+                                  f"{exc.details()}") from exc
+                self._needs_init = (exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                                    and self._init_args is not None)
+                self._stop.wait(_RETRY_PAUSE_S)
+                continue
+            if lost_at is not None:
+                logger.warning("The parameter servers answer %s again after %.1f s", what,
+                               time.monotonic() - lost_at)
+            return result
+
+    def _reinitialize(self):
+        """Offers this worker's dense values to shards that came back without a model."""
+        values = {n: v.numpy() for n, v in {**self._trainable, **self._fixed}.items()}
+        self._ps.init_model(values, *self._init_args)
+        self._needs_init = False
+        logger.warning("Offered this worker's copy of the dense variables to a parameter "
+                       "server that came back without a checkpoint")
+
     def _lookup_rows(self, table, ids):
         """Rows of `table` for unique `ids`, from the shards (called inside the step)."""
-        return self._ps.pull_embeddings({table: ids})[table]
+        return self._through_outages(
+            "an embedding lookup", lambda: self._ps.pull_embeddings({table: ids})[table]
+        )
 
     def _pull(self):
-        self._assign(*self._ps.pull_dense(self._versions, self._min_versions))
+        def pull():
+            pulled = self._ps.pull_dense(self._versions, self._min_versions)
+            if not pulled[0] and self._init_args is not None:  # a shard without its model
+                self._reinitialize()
+                pulled = self._ps.pull_dense(self._versions, self._min_versions)
+            return pulled
+
+        self._assign(*self._through_outages("a pull", pull))
 
     def _assign(self, initialized, versions, values):
         if not initialized:
@@ -195,9 +266,10 @@ class Trainer:
 
     def _push(self, loss, gradients, fixed, embedding_grads):
         self._sequence += 1
-        responses = self._ps.push_gradients(
-            self._worker_id, self._sequence, self._versions, gradients, fixed, embedding_grads
-        )
+        sequence, versions = self._sequence, self._versions
+        responses = self._through_outages("a push", lambda: self._ps.push_gradients(
+            self._worker_id, sequence, versions, gradients, fixed, embedding_grads
+        ))
         return loss, responses
 
     def _train_overlapped(self, features, labels):
@@ -213,9 +285,10 @@ class Trainer:
         return loss
 
     def _push_and_pull(self, sequence, versions, gradients, fixed, embedding_grads):
-        responses = self._ps.push_gradients(self._worker_id, sequence, versions, gradients,
-                                            fixed, embedding_grads)
-        return responses, self._ps.pull_dense()
+        responses = self._through_outages("a push", lambda: self._ps.push_gradients(
+            self._worker_id, sequence, versions, gradients, fixed, embedding_grads
+        ))
+        return responses, self._through_outages("a pull", self._ps.pull_dense)
 
     def flush(self):
         """Waits for the background push of the last step (overlapped training) to land.

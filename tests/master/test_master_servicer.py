@@ -168,7 +168,7 @@ def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, mas
     for worker_id, task in enumerate(evaluations):
         client.report_task_result(worker_id, task.task_id, task.end - task.start,
                                   model_version=7, metric_states=to_states(metrics))
-    assert master.tasks.evaluation_finished() == (0, 7)
+    assert master.tasks.evaluation_finished() == (0, 7, True)
     assert master.tasks.tasks_done == 6
 
 

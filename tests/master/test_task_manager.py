@@ -118,7 +118,7 @@ def test_evaluation_round_blocks_training_until_done():
     assert manager.evaluation_finished() is None
     for task in evals:
         manager.report_result(task.task_id, task.num_records)
-    assert manager.evaluation_finished() == (0, 5)
+    assert manager.evaluation_finished() == (0, 5, True)
     manager.next_epoch()
     assert manager.get(0).type == TaskType.TRAINING
 

@@ -60,5 +60,9 @@ class InstanceManager(abc.ABC):
         """Stops role `name`: SIGTERM, then SIGKILL after `grace_s` seconds."""
 
     @abc.abstractmethod
+    def kill(self, name: str) -> None:
+        """Kills role `name` at once (SIGKILL) without waiting; `poll` reports its exit."""
+
+    @abc.abstractmethod
     def stop_all(self, grace_s: float) -> None:
         """Stops every role; returns when none is left."""

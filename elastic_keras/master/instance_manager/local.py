@@ -114,6 +114,12 @@ class LocalInstanceManager(InstanceManager):
         if entry:
             self._terminate([entry[1]], grace_s)
 
+    def kill(self, name):
+        with self._lock:
+            entry = self._procs.get(name)
+        if entry and entry[1].poll() is None:
+            entry[1].kill()
+
     def stop_all(self, grace_s):
         with self._lock:
             procs = [proc for _, proc, _ in self._procs.values()]

@@ -1,0 +1,153 @@
+"""The master's side of checkpoints: when to take one, taking it, and what a job resumes from.
+
+A checkpoint is a directory `CHECKPOINT_DIR/ckpt-N/` (see `common/checkpoint.py`). The master
+takes one in three steps, so that the job state it records never claims more than the
+parameters hold:
+
+1. it snapshots its job state (which records of which epoch are trained, counters,
+   evaluations); a record counts as trained only once its worker's push has landed;
+2. it asks every parameter server to save its shard into the directory (each shard's file
+   then holds at least every update the snapshot counts);
+3. it writes `MANIFEST.json`, holding the job state, last and atomically: only then is the
+   checkpoint complete, and older ones beyond `--keep-checkpoint-max` are deleted.
+
+Updates that land between steps 1 and 2 are in the shards but not in the job state; after a
+resume their records are trained again (counted as "more than once").
+"""
+
+import logging
+import time
+
+import grpc
+
+from elastic_keras.common import checkpoint as layout
+from elastic_keras.common.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+JOB_STATE_FORMAT = 1
+
+
+class JobCheckpoints:
+    """Checkpoints of one job in `root` (`--checkpoint-dir`).
+
+    Args:
+        root: the checkpoint directory; "" disables checkpoints.
+        steps: checkpoint every this many model versions (0: only when asked, at the end).
+        keep_max: complete checkpoints to keep (0: all).
+        job_name: the job's name, recorded in each checkpoint and checked on resume.
+    """
+
+    def __init__(self, root, steps, keep_max, job_name):
+        self.root = root
+        self.steps = steps
+        self.keep_max = keep_max
+        self.job_name = job_name
+        self.written = 0
+        self.last_path = ""
+        self._next_version = steps
+
+    @property
+    def enabled(self):
+        return bool(self.root)
+
+    def find_resumable(self):
+        """The newest complete checkpoint of this job, as `(path, job_state)`, or None.
+
+        Raises:
+            ConfigError: the directory holds another job's checkpoints, or a job state this
+                version cannot read.
+        """
+        if not self.enabled:
+            return None
+        found = layout.latest_complete(self.root)
+        if found is None:
+            return None
+        path, manifest = found
+        state = manifest.get("job_state")
+        if not isinstance(state, dict) or state.get("format") != JOB_STATE_FORMAT:
+            raise ConfigError(
+                f"--checkpoint-dir {self.root}: {path} holds no job state this version can "
+                f"read (expected format {JOB_STATE_FORMAT}). Received: "
+                f"{type(state).__name__ if not isinstance(state, dict) else state.get('format')}"
+            )
+        if state.get("job_name") != self.job_name:
+            raise ConfigError(
+                f"--checkpoint-dir {self.root} holds checkpoints of job "
+                f"{state.get('job_name')!r}, not of this job {self.job_name!r}. Pass "
+                f"--job-name {state.get('job_name')} to resume that job, or use another "
+                "directory."
+            )
+        self.last_path = path
+        self._next_version = state.get("model_version", 0) + self.steps
+        return path, state
+
+    def latest(self):
+        """The newest complete checkpoint's path (what a relaunched shard restores), or ""."""
+        if not self.enabled:
+            return ""
+        try:
+            found = layout.latest_complete(self.root)
+        except CheckpointError as exc:
+            logger.warning("Cannot read %s: %s", self.root, exc)
+            return ""
+        return found[0] if found else ""
+
+    def due(self, model_version):
+        """Whether `--checkpoint-steps` versions have passed since the last checkpoint."""
+        return self.enabled and self.steps > 0 and model_version >= self._next_version
+
+    def save(self, ps_client, job_state):
+        """Takes a checkpoint holding `job_state` (snapshotted by the caller just before).
+
+        Returns:
+            The checkpoint's path, or "" when it failed (logged; the previous one stays the
+            latest, and the incomplete directory is deleted by a later prune).
+        """
+        started = time.monotonic()
+        try:
+            number = layout.next_number(self.root)
+            path = layout.checkpoint_path(self.root, number)
+            shards = ps_client.save_checkpoint(path)
+            layout.write_manifest(path, {
+                "number": number,
+                "num_ps": len(shards),
+                "shards": [{"file": s.file, "bytes": s.bytes, "crc32c": s.crc32c,
+                            "model_version": s.model_version} for s in shards],
+                "created": time.time(),
+                "job_state": {"format": JOB_STATE_FORMAT, "job_name": self.job_name,
+                              **job_state},
+            })
+            layout.prune(self.root, self.keep_max)
+        except (grpc.RpcError, OSError, CheckpointError) as exc:
+            details = exc.details() if isinstance(exc, grpc.RpcError) else exc
+            logger.warning("Checkpoint failed (%s); the previous one stays the latest.",
+                           details)
+            return ""
+        self.written += 1
+        self.last_path = path
+        version = job_state.get("model_version", 0)
+        self._next_version = version + self.steps
+        logger.info("Checkpoint %s written at model version %d in %.1f s", path, version,
+                    time.monotonic() - started)
+        return path
+
+
+def init_checkpoint(directory):
+    """The newest complete checkpoint in `--checkpoint-dir-for-init`.
+
+    Raises:
+        ConfigError: there is none (naming the directory and what it holds).
+    """
+    try:
+        found = layout.latest_complete(directory)
+    except CheckpointError as exc:
+        raise ConfigError(f"--checkpoint-dir-for-init {directory}: {exc}") from exc
+    if found is None:
+        held = [p for _, p in layout.list_checkpoints(directory)]
+        raise ConfigError(
+            f"--checkpoint-dir-for-init {directory} holds no complete checkpoint (a "
+            f"ckpt-N directory with MANIFEST.json and every shard file intact). Received: "
+            f"{', '.join(held) or 'no ckpt-N directories'}"
+        )
+    return found[0]
