@@ -110,6 +110,10 @@ class Master:
         task = self.tasks.get(worker_id)
         if task is not None and self._first_task_at is None:
             self._first_task_at = time.time()
+        if task is not None and task.takes_over:
+            logger.info("Worker %d takes over %s records [%d, %d) of %s (task %d)", worker_id,
+                        task.type.value, task.start, task.end, os.path.basename(task.path),
+                        task.task_id)
         return task
 
     def report_progress(self, worker_id, task_id, records_done, loss, model_version):

@@ -60,6 +60,7 @@ class Task:
     model_version: int = 0
     retries: int = 0
     origin: "tuple[str, int, int]" = ()  # (path, start, end) of the task's first attempt
+    takes_over: bool = False  # it carries on the attempt of a worker that left or hung
 
     @property
     def num_records(self):
@@ -370,6 +371,7 @@ class TaskManager:
             return
         again = self._new_task(task.type, task.path, resume, task.end, task.epoch,
                                task.retries + int(retry), task.origin, task.model_version)
+        again.takes_over = not retry
         (self._todo if task.type == TaskType.TRAINING else self._eval_todo).insert(0, again)
 
     def recover_worker(self, worker_id):

@@ -152,10 +152,12 @@ def test_a_task_that_keeps_failing_fails_the_job_with_its_error(digits_records, 
 
 
 def test_a_killed_worker_does_not_lose_records(digits_records, tmp_path):
+    """Without relaunches, the job carries on with the worker it has left."""
     job, out = _job_name("killworker"), tmp_path / "out"
     proc = start_cli(
         *_train_flags(job, out, digits_records / "train", num_workers=2, num_epochs=2,
-                      num_minibatches_per_task=4, progress_report_minibatches=1),
+                      num_minibatches_per_task=4, progress_report_minibatches=1,
+                      relaunch_on_worker_failure=0),
         log_path=tmp_path / "job.log",
     )
     try:
@@ -188,6 +190,8 @@ def test_a_killed_worker_does_not_lose_records(digits_records, tmp_path):
     assert summary["role_exits"] == [{"role": victim, "exit_code": -signal.SIGKILL}]
     assert summary["tasks_requeued"] >= 0 and summary["tasks_failed"] == 0
     assert f"{victim} exited with code -9" in log
+    # Not relaunched (--relaunch-on-worker-failure 0): the job carried on with one worker.
+    assert "not relaunched" in log and summary["recovery"]["relaunches"] == {}
     _assert_no_role_left(job)
 
 
