@@ -1,81 +1,139 @@
-"""Dense models: elastic_keras (W workers + 1 PS) against plain Keras `model.fit`.
+"""Dense models: elastic_keras (W workers + 1 PS) against plain Keras `fit` and against
+TensorFlow's ParameterServerStrategy (W workers + 1 PS + its chief).
 
-Both sides train the same model-zoo module on the same records with the same batch size and
-optimizer, and both count the time from the first step (tracing included) to the last, not
-process start-up. Each side runs in its own process so its peak RSS is its own.
+Models: the MNIST CNN (`model_zoo/mnist/mnist_functional.py`, 1.2M parameters) and an MLP
+(`bench/models/mnist_mlp.py`, 0.5M parameters), on 4,000 MNIST training records, Adam
+(learning rate 0.001), batch 64 and 512, 1 and 2 workers. Every side trains the same
+architecture on the same records, batch and optimizer, and counts examples/s from its first
+step (tracing included) to its last, not process start-up:
+
+- `elastic_keras`: a job (`elastic_keras.train`, asynchronous, default transfer settings,
+  no export); the job summary's examples/s;
+- `keras_fit`: `model.fit` of the same Keras 3 module in one process;
+- `pss`: `bench.pss` (tf_keras rebuild of the architecture, steps of `batch` records,
+  about as many examples as the others: a multiple of 10 steps when there are 10 or more).
+
+Each side runs in processes of its own. One line per comparison: `value` is
+elastic_keras's, `peer_value` the peer's; `config.peer_peak_rss_mb` the peer's largest
+process (PSS: every process); `config.seconds` per side, `wall_s` (everything, process
+start-up included) and `measured_s` (the time the figure is over).
+
+`--quick`: the MLP at batch 64 with 1 worker against Keras fit only, one pass over the
+records (on 2 cores the CNN's steps take about 20 s more per side, and the strategy's
+cluster about 35 s to start).
 """
 
 import json
+import math
 import sys
-import tempfile
 import time
 
-from bench.common import emit, mnist_records, peak_rss_mb, run_child
+from bench import pss
+from bench.common import (
+    ROOT, attempt, emit, errors, mnist_records, peak_rss_mb, run_child, run_side, side_times,
+)
 
-MODELS = {"mnist_cnn": "mnist.mnist_functional"}
+# name -> (model zoo, model_def)
+MODELS = {
+    "mnist_cnn": ("model_zoo", "mnist.mnist_functional"),
+    "mnist_mlp": (str(ROOT), "bench.models.mnist_mlp"),
+}
+RECORDS = 4000
+# Passes over the records per model in the full run: the MLP's steps are short, so it gets
+# more of them for its figures to rest on more than start-up.
+FULL_EPOCHS = {"mnist_cnn": 1, "mnist_mlp": 2}
 
 
-def fit_side(records, model_def, batch, epochs):
+def fit_side(records, model, batch, epochs):
     """Plain `model.fit` in this process; prints {"value": examples/s, "rss": MB}."""
     import tensorflow as tf
 
     from elastic_keras.common.model_spec import Mode, load_model_spec
-    from elastic_keras.data.shards import list_shards
     from elastic_keras.data.reader import open_reader
+    from elastic_keras.data.shards import list_shards
 
-    spec = load_model_spec("model_zoo", model_def)
+    spec = load_model_spec(*MODELS[model])
     shards = list_shards(str(records / "train"))
     metadata = open_reader(shards[0].path).metadata
     dataset = spec.dataset_fn(
         tf.data.TFRecordDataset([s.path for s in shards]), Mode.TRAINING, metadata
     ).batch(batch).prefetch(tf.data.AUTOTUNE)
-    model = spec.custom_model()
-    model.compile(optimizer=spec.optimizer(), loss=spec.loss)
+    keras_model = spec.custom_model()
+    keras_model.compile(optimizer=spec.optimizer(), loss=spec.loss)
     total = sum(s.num_records for s in shards) * epochs
     started = time.perf_counter()
-    model.fit(dataset, epochs=epochs, verbose=0)
+    keras_model.fit(dataset, epochs=epochs, verbose=0)
     elapsed = time.perf_counter() - started
-    print(json.dumps({"value": total / elapsed, "rss": peak_rss_mb()}))
+    print(json.dumps({"value": total / elapsed, "rss": peak_rss_mb(),
+                      "measured_s": round(elapsed, 1)}))
 
 
-def elastic_side(records, model_def, batch, epochs, workers):
-    """An elastic_keras job; prints {"value": examples/s, "rss": MB}."""
-    with tempfile.TemporaryDirectory() as out:
-        import elastic_keras
+def elastic_side(records, model, batch, epochs, workers):
+    """An elastic_keras job (1 PS); prints {"value": examples/s, "rss": MB}."""
+    import elastic_keras
 
-        summary = elastic_keras.train(
-            model_zoo="model_zoo", model_def=model_def, training_data=str(records / "train"),
-            num_workers=workers, num_ps=1, minibatch_size=batch, num_epochs=epochs,
-            output=out, log_level="warning",
-        )
-        if summary.status.value != "succeeded":
-            raise SystemExit(f"job failed: {summary.error}")
-        print(json.dumps({"value": summary.examples_per_second, "rss": peak_rss_mb()}))
+    model_zoo, model_def = MODELS[model]
+    summary = elastic_keras.train(
+        model_zoo=model_zoo, model_def=model_def, training_data=str(records / "train"),
+        num_workers=workers, num_ps=1, minibatch_size=batch, num_epochs=epochs,
+        log_level="warning",
+    )
+    if summary.status.value != "succeeded":
+        raise SystemExit(f"job failed: {summary.error}")
+    print(json.dumps({"value": summary.examples_per_second, "rss": peak_rss_mb(),
+                      "measured_s": summary.training_time_s}))
+
+
+def pss_steps(records, batch):
+    """About `records / batch` steps: a multiple of 10 from 10 up."""
+    steps = records / batch
+    return math.ceil(steps) if steps < 10 else max(10, round(steps / 10) * 10)
 
 
 def run(quick, work_dir):
-    records = mnist_records(work_dir)
-    epochs = 1 if quick else 3
-    batches = [64] if quick else [64, 512]
-    for model_name, model_def in MODELS.items():
-        for batch in batches:
-            fit = run_child("bench.dense", "fit", records, model_def, batch, epochs)
-            for workers in (1, 2):
-                ours = run_child("bench.dense", "elastic", records, model_def, batch, epochs,
-                                 workers)
-                emit(f"dense/{model_name}",
-                     {"batch": batch, "workers": workers, "ps": 1, "epochs": epochs,
-                      "records_per_epoch": 4000},
-                     ours["value"], "examples/s", ours["rss"], peer="keras_fit",
-                     peer_value=fit["value"])
+    records, error = attempt("preparing MNIST records", mnist_records, work_dir)
+    if error:
+        emit("dense/records", {}, None, "examples/s", None, error=error)
+        return
+    if quick:
+        plan = [("mnist_mlp", 64, 1, [1])]
+    else:
+        plan = [(m, b, FULL_EPOCHS[m], [1, 2]) for m in MODELS for b in (64, 512)]
+    files = sorted((records / "train").glob("*.tfrecord"))
+    for model, batch, epochs, worker_counts in plan:
+        fit, fit_error = run_side(f"keras fit {model}", run_child, "bench.dense", "fit",
+                                  records, model, batch, epochs)
+        for workers in worker_counts:
+            config = {"model": model, "batch": batch, "workers": workers, "ps": 1,
+                      "epochs": epochs, "records_per_epoch": RECORDS}
+            ours, error = run_side(f"elastic_keras {model}", run_child, "bench.dense",
+                                   "elastic", records, model, batch, epochs, workers)
+            steps = pss_steps(RECORDS * epochs, batch)
+            value, rss = (ours["value"], ours["rss"]) if ours else (None, None)
+            emit(f"dense/{model}",
+                 {**config, "peer_peak_rss_mb": fit and round(fit["rss"], 1),
+                  "seconds": side_times(elastic_keras=ours, keras_fit=fit)},
+                 value, "examples/s", rss, peer="keras_fit", peer_value=fit and fit["value"],
+                 error=errors(error, fit_error))
+            if quick:
+                continue
+            peer, peer_error = run_side(f"pss {model}", pss.train, model, files, batch, steps,
+                                        workers, 1)
+            emit(f"dense/{model}",
+                 {**config, "peer_steps": steps, "peer_chief": 1,
+                  "peer_steps_per_execution": peer and peer["steps_per_execution"],
+                  "peer_peak_rss_mb": peer and peer["rss"],
+                  "seconds": side_times(elastic_keras=ours, pss=peer)},
+                 value, "examples/s", rss, peer="pss", peer_value=peer and peer["value"],
+                 error=errors(error, peer_error))
 
 
 if __name__ == "__main__":
     import pathlib
 
-    side, records, model_def, batch, epochs = sys.argv[1:6]
+    side, records, model, batch, epochs = sys.argv[1:6]
     records = pathlib.Path(records)
     if side == "fit":
-        fit_side(records, model_def, int(batch), int(epochs))
+        fit_side(records, model, int(batch), int(epochs))
     else:
-        elastic_side(records, model_def, int(batch), int(epochs), int(sys.argv[6]))
+        elastic_side(records, model, int(batch), int(epochs), int(sys.argv[6]))

@@ -14,10 +14,10 @@ options, and a `PSClient` in this process with the same options pushes and pulls
 
 - `transfer/push`, `transfer/pull`: ms per call, median of N (7; 3 with --quick), from the
   call to the answer: conversion, compression, chunking, gRPC, checks, the PS's optimizer
-  step (push) or snapshot (pull), decoding. The peer, `raw_grpc_bytes`, is a generic bytes
-  service in another process on 127.0.0.1 moving messages of exactly the sizes of the
-  transfer's messages (a client stream into a sink; a server stream out of a source), with no
-  protobuf, codec or tensor work. `config.mb_per_s` is model MB / our time;
+  step (push) or snapshot (pull), decoding. The peer, `raw_grpc_bytes`, is `bench.raw_grpc`,
+  a generic bytes service in another process on 127.0.0.1, moving messages of exactly the
+  sizes of the transfer's messages (a client stream into a sink; a server stream out of a
+  source), with no protobuf, codec or tensor work. `config.mb_per_s` is model MB / our time;
   `config.raw_mb_per_s` is wire MB / the peer's time.
 - `transfer/push_bytes`, `transfer/pull_bytes`: bytes on the wire, the sum of the serialized
   sizes of the call's messages; the peer, `float32_payload`, is the raw bytes of the model.
@@ -25,6 +25,10 @@ options, and a `PSClient` in this process with the same options pushes and pulls
   unary and the streamed calls rests on: ms per streamed call (codec none, float32) beside
   the unary call (peer `unary`) for random models of 0.1, 1, 4.7 and 50 MB (50 MB left out
   with --quick), median of 30 calls (7 at 50 MB; 10 and 3 with --quick).
+
+`throughput(quick)` (run by `python -m bench micro`) gives the same measurement as MB/s, for
+a 50 MB model with codecs none and auto, float32: `transfer/push_mb_per_s`,
+`transfer/pull_mb_per_s`.
 
 `peak_rss_mb` is this (client) process's own peak resident memory; `config.ps_peak_rss_mb`
 the PS process's so far. The PS process serves real shards (`PServerServicer(Parameters(),
@@ -42,7 +46,8 @@ import time
 
 import numpy as np
 
-from bench.common import ChildServer, emit, serve_until_stdin_closes
+from bench.common import ChildServer, emit
+from bench.raw_grpc import RawPeer
 from elastic_keras.common import chunking, compression, rpc, tensor_stream
 
 VARIABLES = 5
@@ -50,7 +55,6 @@ PAYLOADS = ("random", "zero90")
 CONFIGS = [(codec, dtype) for codec in compression.CODEC_NAMES
            for dtype in tensor_stream.TRANSFER_DTYPE_NAMES]
 MB = 1e6
-RAW_SERVICE = "bench.RawBytes"
 
 
 def model(kind, total_bytes):
@@ -66,7 +70,7 @@ def model(kind, total_bytes):
     return values
 
 
-# --- the two servers, each in its own process ------------------------------------------------
+# --- the PS server, in its own process (the raw one is `bench.raw_grpc`) ----------------------
 
 
 def serve_ps(chunk_bytes, codec, dtype):
@@ -95,50 +99,6 @@ def serve_ps(chunk_bytes, codec, dtype):
             server.stop(None)
             return
         codec, dtype = line.split()
-
-
-def serve_raw():
-    """A bytes sink (client stream in) and source (server stream out): no protobuf at all."""
-    import grpc
-
-    blocks = {}
-
-    def sink(messages, context):
-        for _ in messages:
-            pass
-        return b""
-
-    def source(request, context):
-        for size in np.frombuffer(request, np.int64):
-            if size not in blocks:
-                blocks[size] = bytes(int(size))
-            yield blocks[size]
-
-    handler = grpc.method_handlers_generic_handler(RAW_SERVICE, {
-        "Sink": grpc.stream_unary_rpc_method_handler(sink),
-        "Source": grpc.unary_stream_rpc_method_handler(source),
-    })
-    serve_until_stdin_closes(
-        [rpc.create_server([lambda s: s.add_generic_rpc_handlers((handler,))])])
-
-
-class RawPeer:
-    """The client of `serve_raw`: moves messages of given sizes one way or the other."""
-
-    def __init__(self, address):
-        self._channel = rpc.create_channel(address, RAW_SERVICE)
-        self._sink = self._channel.stream_unary(f"/{RAW_SERVICE}/Sink")
-        self._source = self._channel.unary_stream(f"/{RAW_SERVICE}/Source")
-
-    def send(self, messages):
-        self._sink(iter(messages))
-
-    def receive(self, sizes):
-        for _ in self._source(np.asarray(sizes, np.int64).tobytes()):
-            pass
-
-    def close(self):
-        self._channel.close()
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -182,13 +142,16 @@ def pull_sizes(address):
         channel.close()
 
 
-def measure(kind, values, codec, dtype, ps, raw, repeats):
-    """Emits the four results of one payload, codec and transfer dtype, against a fresh
-    shard of the `ps` process (serving with those options)."""
+def time_transfer(values, codec, dtype, ps, raw, repeats):
+    """Times pushes and pulls of `values` against a fresh shard of the `ps` process (serving
+    with `codec` and `dtype`), and the raw peer moving the same messages.
+
+    Returns:
+        `{way: (our ms, raw ms, message sizes)}` for "push" and "pull": medians of `repeats`.
+    """
     from elastic_keras.common.ps_client import PSClient
 
     options = tensor_stream.TransferOptions(codec, chunking.DEFAULT_CHUNK_BYTES, dtype)
-    model_bytes = sum(v.nbytes for v in values.values())
     sgd = json.dumps({"class_name": "SGD", "config": {"learning_rate": 0.0}})
     address = ps.ask(f"{codec} {dtype}")[0]
     client = PSClient([address], deadline_s=600, transfer=options)
@@ -202,22 +165,60 @@ def measure(kind, values, codec, dtype, ps, raw, repeats):
     finally:
         client.close()
     messages = [bytes(n) for n in sizes["push"]]
-    raw_ms = {
-        "push": median_ms(lambda: raw.send(messages), repeats),
-        "pull": median_ms(lambda: raw.receive(sizes["pull"]), repeats),
+    return {
+        "push": (push_ms, median_ms(lambda: raw.send(messages), repeats), sizes["push"]),
+        "pull": (pull_ms, median_ms(lambda: raw.receive(sizes["pull"]), repeats),
+                 sizes["pull"]),
     }
-    for way, ms in (("push", push_ms), ("pull", pull_ms)):
-        wire = sum(sizes[way])
-        config = {"payload": kind, "codec": codec, "transfer_dtype": dtype,
-                  "model_mb": round(model_bytes / MB, 1), "chunk_bytes": options.chunk_bytes,
-                  "messages": len(sizes[way]), "wire_mb": round(wire / MB, 2),
-                  "mb_per_s": round(model_bytes / MB / (ms / 1e3), 1),
-                  "raw_mb_per_s": round(wire / MB / (raw_ms[way] / 1e3), 1),
-                  "repeats": repeats, "ps_peak_rss_mb": round(ps.peak_rss_mb(), 1)}
+
+
+def _config(kind, values, codec, dtype, sizes, ms, raw_ms, repeats, ps):
+    model_bytes = sum(v.nbytes for v in values.values())
+    wire = sum(sizes)
+    return {"payload": kind, "codec": codec, "transfer_dtype": dtype,
+            "model_mb": round(model_bytes / MB, 1), "chunk_bytes": chunking.DEFAULT_CHUNK_BYTES,
+            "messages": len(sizes), "wire_mb": round(wire / MB, 2),
+            "mb_per_s": round(model_bytes / MB / (ms / 1e3), 1),
+            "raw_mb_per_s": round(wire / MB / (raw_ms / 1e3), 1),
+            "repeats": repeats, "ps_peak_rss_mb": round(ps.peak_rss_mb(), 1)}
+
+
+def measure(kind, values, codec, dtype, ps, raw, repeats):
+    """Emits the four results of one payload, codec and transfer dtype (ms and bytes)."""
+    model_bytes = sum(v.nbytes for v in values.values())
+    for way, (ms, raw_ms, sizes) in time_transfer(values, codec, dtype, ps, raw,
+                                                  repeats).items():
+        config = _config(kind, values, codec, dtype, sizes, ms, raw_ms, repeats, ps)
         emit(f"transfer/{way}", config, ms, "ms", own_peak_rss_mb(), peer="raw_grpc_bytes",
-             peer_value=raw_ms[way])
-        emit(f"transfer/{way}_bytes", config, wire, "bytes", own_peak_rss_mb(),
+             peer_value=raw_ms)
+        emit(f"transfer/{way}_bytes", config, sum(sizes), "bytes", own_peak_rss_mb(),
              peer="float32_payload", peer_value=model_bytes)
+
+
+def throughput(quick):
+    """`transfer/push_mb_per_s` and `transfer/pull_mb_per_s`: MB/s of a 50 MB model (random float32
+    values, 5 variables) pushed to and pulled from one PS process, against raw gRPC moving
+    messages of the same sizes (the same chunking) in the same run, for codec none and (not
+    with `quick`) for the default, auto. `value` is model MB / our median time; `peer_value` wire MB / the raw
+    peer's (the same bytes: random values do not compress)."""
+    repeats = 3 if quick else 7
+    values = model("random", 50 * 1_000_000)
+    model_mb = sum(v.nbytes for v in values.values()) / MB
+    with ChildServer("bench.raw_grpc") as raw_server, \
+            ChildServer("bench.transfer", "ps", chunking.DEFAULT_CHUNK_BYTES, "none",
+                        "float32") as ps:
+        raw = RawPeer(raw_server.address)
+        try:
+            for codec in ("none",) if quick else ("none", "auto"):
+                timed = time_transfer(values, codec, "float32", ps, raw, repeats)
+                for way, (ms, raw_ms, sizes) in timed.items():
+                    config = _config("random", values, codec, "float32", sizes, ms, raw_ms,
+                                     repeats, ps)
+                    emit(f"transfer/{way}_mb_per_s", config, model_mb / (ms / 1e3), "MB/s",
+                         own_peak_rss_mb(), peer="raw_grpc_bytes",
+                         peer_value=sum(sizes) / MB / (raw_ms / 1e3))
+        finally:
+            raw.close()
 
 
 def compare_calls(ps, sizes, quick):
@@ -270,7 +271,7 @@ def run(quick, work_dir=None):
     total = (10 if quick else 50) * 1_000_000
     repeats = 3 if quick else 7
     chunk_bytes = chunking.DEFAULT_CHUNK_BYTES
-    with ChildServer("bench.transfer", "raw") as raw_server, \
+    with ChildServer("bench.raw_grpc") as raw_server, \
             ChildServer("bench.transfer", "ps", chunk_bytes, "none", "float32") as ps:
         raw = RawPeer(raw_server.address)
         try:
@@ -284,14 +285,19 @@ def run(quick, work_dir=None):
 
 
 def main():
-    if sys.argv[1:2] == ["serve"]:
-        role, *args = sys.argv[2:]
-        return serve_ps(*args) if role == "ps" else serve_raw()
+    if sys.argv[1:3] == ["serve", "ps"]:
+        return serve_ps(*sys.argv[3:])
     parser = argparse.ArgumentParser(prog="python -m bench.transfer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="a 10 MB model and 3 calls per figure")
-    run(parser.parse_args().quick)
+    parser.add_argument("--mb-per-s", action="store_true",
+                        help="only the MB/s of a 50 MB model against raw gRPC (`throughput`)")
+    args = parser.parse_args()
+    if args.mb_per_s:
+        throughput(args.quick)
+    else:
+        run(args.quick)
 
 
 if __name__ == "__main__":

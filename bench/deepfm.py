@@ -1,0 +1,190 @@
+"""Sparse: DeepFM over hashed tables, elastic_keras against ParameterServerStrategy and
+against plain Keras 3 `fit`.
+
+Data: a synthetic click log (`model_zoo.deepfm.generate`, Criteo-shaped: 13 counts, 26
+categorical ids per example, 10,000 values per field with Zipf popularity, so 260,000
+distinct ids). Model: `bench/models/deepfm_hashed.py`, whose ids are hashed into two tables of
+`rows` rows (`fm_linear`, dim 1; `fm_factors`, dim 16), for 1M and 10M rows; batch 512;
+Adam (learning rate 0.002). Sides:
+
+- `elastic_keras`: a job with 2 workers and 1 or 2 PS (asynchronous, default transfer
+  settings, no export); the tables live on the PS, a row created on first use; the PS's
+  Adam updates the rows a batch touches (and their slots);
+- `pss`: `bench.pss` with the same worker and PS counts (plus its chief), the tf_keras
+  rebuild of the model, each table sharded over the PS by the `MinSizePartitioner`;
+  tf_keras's Adam applies an embedding gradient by decaying both slots of every row and
+  updating every row, on the PS, at each step (`tf_keras.optimizers.Adam.update_step`);
+- `keras_fit`: `model.fit` of the Keras 3 model with plain `keras.layers.Embedding` tables
+  in one process; Keras 3's Adam updates every row of both tables (and their slots) at each
+  step.
+
+Figures are examples/s from the first step (tracing included) to the last; steps of
+`batch` records, as many examples on every side. One line per comparison: `value` is
+elastic_keras's, `peer_value` the peer's; `config.seconds` per side, `wall_s` (process
+start-up included) and `measured_s` (the time the figure is over).
+
+`--quick`: the 1M-row tables, 1 PS, 16,384 records (32 steps). The full run: 1M rows over
+32,768 records and 10M rows over 8,192 (the peers' steps take seconds there), 1 and 2 PS;
+and the census wide & deep job when ../shared/data holds adult.csv.gz.
+"""
+
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+from bench import pss
+from bench.common import (
+    ROOT, SHARED_DATA, attempt, emit, errors, peak_rss_mb, run_child, run_side, side_times,
+)
+
+BATCH = 512
+WORKERS = 2
+VOCAB_SIZE = 10_000  # the generator's default
+MODEL_DEF = "bench.models.deepfm_hashed"
+QUICK_RECORDS = 16_384
+FULL_RECORDS = 32_768
+# The peers update every row of the tables at each step, so a step at 10M rows takes them
+# seconds: the 10M-row comparison runs over fewer records (on every side alike).
+LARGE_TABLE_RECORDS = 8_192
+
+
+def click_records(work_dir, records):
+    """`records` synthetic click-log examples in 4 TFRecord files; returns their folder."""
+    out = pathlib.Path(work_dir) / f"clicks-{records}"
+    if not out.is_dir():
+        partial = out.with_name(out.name + ".partial")
+        run_child("model_zoo.deepfm.generate", "--output", partial, "--rows", records,
+                  "--num-shards", 4, timeout_s=600, json_result=False)
+        partial.rename(out)
+    return out
+
+
+def print_result(value, measured_s):
+    """The child's answer line (`run_child` reads the last line printed)."""
+    print(json.dumps({"value": value, "rss": peak_rss_mb(), "measured_s": round(measured_s, 1)}),
+          flush=True)
+
+
+def fit_side(data, rows, records):
+    """Plain Keras 3 `fit` in this process."""
+    import tensorflow as tf
+
+    from bench.models import deepfm_hashed
+
+    files = sorted(str(p) for p in pathlib.Path(data).glob("*.tfrecord"))
+    dataset = deepfm_hashed.dataset_fn(tf.data.TFRecordDataset(files), "training", None)
+    dataset = dataset.batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    model = deepfm_hashed.build_model(rows, plain=True)
+    model.compile(optimizer=deepfm_hashed.optimizer(), loss=deepfm_hashed.loss)
+    started = time.perf_counter()
+    model.fit(dataset, epochs=1, verbose=0)
+    elapsed = time.perf_counter() - started
+    print_result(records / elapsed, elapsed)
+
+
+def elastic_side(data, rows, ps, workers=WORKERS):
+    """An elastic_keras job of `workers` workers and `ps` PS."""
+    import elastic_keras
+    from bench.models.deepfm_hashed import ROWS_VARIABLE
+
+    os.environ[ROWS_VARIABLE] = str(rows)  # every role builds the model with this many rows
+    summary = elastic_keras.train(
+        model_zoo=str(ROOT), model_def=MODEL_DEF, training_data=str(data),
+        num_workers=workers, num_ps=ps, minibatch_size=BATCH, num_epochs=1,
+        log_level="warning",
+    )
+    if summary.status.value != "succeeded":
+        raise SystemExit(f"job failed: {summary.error}")
+    print_result(summary.examples_per_second, summary.training_time_s)
+
+
+def census_side(epochs):
+    """The census wide & deep job (2 workers, 2 PS); prints examples/s and accuracy."""
+    import subprocess
+
+    import elastic_keras
+
+    with tempfile.TemporaryDirectory() as work:
+        data = os.path.join(work, "adult")
+        subprocess.run(
+            [sys.executable, "-m", "elastic_keras", "data", str(SHARED_DATA / "adult.csv.gz"),
+             "--format", "csv", "--holdout-every", "5", "--shuffle", "--output", data],
+            cwd=ROOT, check=True, capture_output=True,
+        )
+        summary = elastic_keras.train(
+            model_zoo="model_zoo", model_def="census.wide_deep",
+            training_data=os.path.join(data, "train"),
+            validation_data=os.path.join(data, "test"), num_workers=2, num_ps=2,
+            minibatch_size=128, num_epochs=epochs, log_level="warning",
+        )
+        if summary.status.value != "succeeded":
+            raise SystemExit(f"census job failed: {summary.error}")
+        metrics = summary.evaluations[-1]["metrics"]
+        print(json.dumps({"value": summary.examples_per_second, "rss": peak_rss_mb(),
+                          "accuracy": metrics["accuracy"]}))
+
+
+def compare(data, rows, records, ps_counts):
+    """Runs every side for one table size; emits a line per comparison."""
+    files = sorted(data.glob("*.tfrecord"))
+    steps = records // BATCH
+    fit, fit_error = run_side(f"keras fit deepfm {rows} rows", run_child, "bench.deepfm",
+                              "fit", data, rows, records)
+    for ps in ps_counts:
+        config = {"rows": rows, "dim": 16, "batch": BATCH, "workers": WORKERS, "ps": ps,
+                  "records": records, "vocab_per_field": VOCAB_SIZE, "optimizer": "adam"}
+        ours, error = run_side(f"elastic_keras deepfm {rows} rows {ps} ps", run_child,
+                               "bench.deepfm", "elastic", data, rows, ps)
+        peer, peer_error = run_side(f"pss deepfm {rows} rows {ps} ps", pss.train, "deepfm",
+                                    files, BATCH, steps, WORKERS, ps, rows)
+        value, rss = (ours["value"], ours["rss"]) if ours else (None, None)
+        emit("sparse/deepfm", {**config, "peer_processes": 1,
+                               "peer_peak_rss_mb": fit and round(fit["rss"], 1),
+                               "seconds": side_times(elastic_keras=ours, keras_fit=fit)},
+             value, "examples/s", rss, peer="keras_fit", peer_value=fit and fit["value"],
+             error=errors(error, fit_error))
+        emit("sparse/deepfm",
+             {**config, "peer_chief": 1, "peer_steps": steps,
+              "peer_steps_per_execution": peer and peer["steps_per_execution"],
+              "peer_peak_rss_mb": peer and peer["rss"],
+              "seconds": side_times(elastic_keras=ours, pss=peer)},
+             value, "examples/s", rss, peer="pss", peer_value=peer and peer["value"],
+             error=errors(error, peer_error))
+
+
+def run(quick, work_dir):
+    if quick:
+        plan = [(1_000_000, QUICK_RECORDS, [1])]
+    else:
+        plan = [(1_000_000, FULL_RECORDS, [1, 2]), (10_000_000, LARGE_TABLE_RECORDS, [1, 2])]
+    for rows, records, ps_counts in plan:
+        data, error = attempt("generating click records", click_records, work_dir, records)
+        if error:
+            emit("sparse/deepfm", {"rows": rows}, None, "examples/s", None, error=error)
+            continue
+        compare(data, rows, records, ps_counts)
+    if not quick and (SHARED_DATA / "adult.csv.gz").exists():
+        result, error = attempt("census job", run_child, "bench.deepfm", "census", 2)
+        emit("sparse/census_job",
+             {"workers": 2, "ps": 2, "minibatch": 128, "epochs": 2, "records_per_epoch": 39073,
+              "held_out_accuracy": result and round(result["accuracy"], 4)},
+             result and result["value"], "examples/s", result and result["rss"], error=error)
+
+
+def main():
+    side, *args = sys.argv[1:]
+    if side == "fit":
+        fit_side(pathlib.Path(args[0]), int(args[1]), int(args[2]))
+    elif side == "elastic":
+        elastic_side(pathlib.Path(args[0]), *map(int, args[1:]))
+    elif side == "census":
+        census_side(int(args[0]))
+    else:
+        raise SystemExit(f"usage: python -m bench.deepfm {{fit,elastic,census}} ...; got {side!r}")
+
+
+if __name__ == "__main__":
+    main()
