@@ -29,6 +29,7 @@ Example:
 """
 
 import google_crc32c
+import numpy as np
 
 from elastic_keras.common import compression, tensor_codec
 from elastic_keras.common.errors import ConfigError, PayloadError
@@ -132,13 +133,16 @@ class _Field:
     """One field of the tensor being received: its announced chunks and what came so far.
 
     With `into_buffer`, chunks are decompressed straight into one buffer of the announced
-    size; else each chunk's bytes are kept and joined at the end.
+    size; else each chunk's bytes are kept and joined at the end. The buffer is a writable
+    `memoryview` of an uninitialised numpy array: every byte is written by a chunk, so it is
+    not zero-filled first (as a `bytearray` would be: for a 50 MB pull, a sizeable part of
+    the joiner's time).
     """
 
     def __init__(self, kind, size, count, into_buffer):
         self.kind, self.size, self.count = kind, size, count
         self.parts, self.received, self.next_index = [], 0, 0
-        self.buffer = bytearray(size) if into_buffer else None
+        self.buffer = memoryview(np.empty(size, np.uint8)) if into_buffer else None
 
     @property
     def label(self):
@@ -150,7 +154,7 @@ class _Field:
             self.parts.append(codec.decompress(data, raw_size))
         else:
             end = self.received + raw_size
-            codec.decompress_into(data, memoryview(self.buffer)[self.received:end])
+            codec.decompress_into(data, self.buffer[self.received:end])
         self.received += raw_size
         self.next_index += 1
 
@@ -168,9 +172,9 @@ class TensorJoiner:
 
     Args:
         messages: give back `Tensor` messages (True), or `tensor_codec.WireTensor`s (False)
-            whose `content` and `ids` are `bytearray`s filled chunk by chunk: the tensor's
-            bytes are written once, not joined and copied into a message (and copied out
-            again when read).
+            whose `content` and `ids` are writable `memoryview`s filled chunk by chunk: the
+            tensor's bytes are written once, not joined and copied into a message (and
+            copied out again when read).
 
     Example:
 

@@ -55,5 +55,7 @@ def embedding_shards(table, ids, num_ps):
         [0, 0, 0]
     """
     ids = np.asarray(ids, dtype=np.int64).view(np.uint64)
+    if num_ps == 1:  # every id's shard, without hashing
+        return np.zeros(ids.shape, dtype=np.int64)
     mixed = _mix64(ids ^ np.uint64(table_seed(table) & _MASK64))
     return (mixed % np.uint64(num_ps)).astype(np.int64)

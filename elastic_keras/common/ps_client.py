@@ -158,6 +158,12 @@ class PSClient:
         result = {}
         for shard, response in enumerate(responses):
             for table, rows in tensor_stream.decode_tensors(response.rows):
+                if len(positions[table][shard]) == ids_by_table[table].size == len(rows):
+                    # One shard holds every id (as with one PS): its rows are in the caller's
+                    # order, so they need no scatter, only to be writable (not views of the
+                    # message).
+                    result[table] = rows if rows.flags.writeable else rows.copy()
+                    continue
                 if table not in result:
                     result[table] = np.empty((len(ids_by_table[table]), rows.shape[1]),
                                              rows.dtype)

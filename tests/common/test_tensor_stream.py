@@ -97,8 +97,8 @@ def test_the_joiner_fills_buffers_instead_of_messages(codec):
     for message in chunking.split_tensors(wire, codec, chunk_bytes=1024):
         joiner.add(message)
     joined = joiner.finish()
-    assert all(isinstance(t, tensor_codec.WireTensor) and isinstance(t.content, bytearray)
-               for t in joined)
+    assert all(isinstance(t, tensor_codec.WireTensor) and isinstance(t.content, memoryview)
+               and not t.content.readonly for t in joined)
     for (name, value), tensor in zip(pairs, joined):
         assert tensor.name == name
         assert tensor_codec.to_message(tensor) == tensor_codec.encode(name, value)
