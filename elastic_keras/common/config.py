@@ -373,7 +373,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
     """Adds one kebab-case flag per field of the config class `cls` to `parser`."""
     for field in dataclasses.fields(cls):
         meta = field.metadata
-        kwargs: dict[str, Any] = {"dest": field.name, "help": meta.get("help", "")}
+        # argparse formats help with %: a literal one ("10%") must be doubled.
+        kwargs: dict[str, Any] = {"dest": field.name,
+                                  "help": meta.get("help", "").replace("%", "%%")}
         if field.type in (bool, "bool"):
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
