@@ -2,7 +2,9 @@
 
 Exit status: 0 when the master has no more tasks, and when SIGTERM (preemption, scaling down)
 made the worker hand its task back and leave; `EXIT_MASTER_LOST` when the master has not
-answered for `MASTER_LOST_S`, so no orphan worker outlives its job; 2 for bad flags.
+answered for `MASTER_LOST_S`, so no orphan worker outlives its job; `EXIT_LEAVE_TIMEOUT` when
+leaving after SIGTERM took longer than `LEAVE_GRACE_S` (a call to an unreachable master or
+parameter server still blocked), so a told-to-go worker always goes; 2 for bad flags.
 """
 
 import logging
@@ -26,7 +28,11 @@ from elastic_keras.worker.trainer import Trainer
 logger = logging.getLogger("elastic_keras.worker")
 
 CLUSTER_WAIT_S = 300.0
+# After SIGTERM the worker has this long to finish its minibatch, let its push land and hand
+# its task back (the master, which SIGKILLs it after 30 s, re-queues the task in any case).
+LEAVE_GRACE_S = 20.0
 EXIT_MASTER_LOST = 1
+EXIT_LEAVE_TIMEOUT = 3
 
 
 def _wait_for_cluster(master, worker_id, stop):
@@ -83,6 +89,25 @@ class Heartbeat(threading.Thread):
         self._done.set()
 
 
+def _leave_on_sigterm(stop):
+    """On SIGTERM: set `stop`, and end the process if leaving takes over `LEAVE_GRACE_S`."""
+
+    def force_exit():
+        logger.error("Could not leave within %.0f s of SIGTERM (a call to the master or a "
+                     "parameter server still blocks); exiting now.", LEAVE_GRACE_S)
+        logging.shutdown()
+        os._exit(EXIT_LEAVE_TIMEOUT)
+
+    def on_sigterm(*_):
+        if not stop.is_set():
+            stop.set()
+            deadline = threading.Timer(LEAVE_GRACE_S, force_exit)
+            deadline.daemon = True
+            deadline.start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def main(argv=None):
     """Runs one worker until the master has no more tasks or it is told to leave."""
     config = parse_argv(WorkerConfig, sys.argv[1:] if argv is None else argv,
@@ -90,7 +115,7 @@ def main(argv=None):
     setup_logging(config.log_level)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        _leave_on_sigterm(stop)
     spec = load_model_spec(config.model_zoo, config.model_def)
     master = MasterClient(config.master_addr)
     master.register_worker(config.worker_id)

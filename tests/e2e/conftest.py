@@ -33,6 +33,22 @@ def mnist_records(shared_data, tmp_path_factory):
     return out / "records"
 
 
+def decaying_mnist_module(path, versions, initial_rate=0.002):
+    """Writes the zoo's MNIST CNN with Adam whose learning rate decays from `initial_rate`
+    to almost nothing over `versions` model versions, and returns `path`. A job's final accuracy then
+    does not hinge on where its last few steps landed: with a constant rate it swings by a
+    point or more from epoch to epoch, more so in asynchronous training."""
+    path.write_text(
+        "import keras\n"
+        "from model_zoo.mnist.mnist_functional import (\n"
+        "    custom_model, dataset_fn, eval_metrics_fn, loss)\n\n\n"
+        "def optimizer():\n"
+        "    return keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(\n"
+        f"        {initial_rate}, decay_steps={versions}, alpha=0.02))\n"
+    )
+    return path
+
+
 def start_cli(*args, log_path, cwd=ROOT, env=None):
     """Starts `python -m elastic_keras ARGS` without waiting; its stderr and stdout go to
     `log_path` (a file, so a chatty job never blocks on a full pipe)."""
@@ -63,15 +79,17 @@ def job_processes(job_name):
     return found
 
 
-def wait_for(condition, timeout_s, what):
-    """Polls `condition()` until it returns something true; fails naming `what`."""
+def wait_for(condition, timeout_s, what, left=None):
+    """Polls `condition()` until it returns something true; fails naming `what` (and what
+    `left()` returns, when given: e.g. the processes still running)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            still = f"; still there: {left()}" if left else ""
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{still}")
         time.sleep(0.1)
 
 

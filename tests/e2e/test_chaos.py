@@ -17,26 +17,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.e2e.conftest import job_processes, read_examples, run_cli, start_cli, wait_for
+from tests.e2e.conftest import (
+    decaying_mnist_module, job_processes, read_examples, run_cli, start_cli, wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 EPOCHS = 6
 WAIT_S = 240
-
-# The zoo's MNIST CNN with a learning rate that decays to almost nothing by the end (about
-# 380 versions), so that the final accuracy of each run does not hinge on where its last few
-# steps landed: with a constant rate it swings by a point or more from epoch to epoch.
-MODULE = """
-import keras
-
-from model_zoo.mnist.mnist_functional import custom_model, dataset_fn, eval_metrics_fn, loss
-
-
-def optimizer():
-    return keras.optimizers.Adam(
-        keras.optimizers.schedules.CosineDecay(0.002, decay_steps=390, alpha=0.02))
-"""
 
 
 def _args(records, out, ckpt, job, module):
@@ -86,8 +74,8 @@ def _accuracy(out, records):
 
 def test_a_job_survives_killed_workers_ps_and_master(mnist_records, tmp_path):
     # The same job without faults, for the accuracy it should reach.
-    module = tmp_path / "mnist_decaying.py"
-    module.write_text(MODULE)
+    # About 380 versions in all: 63 minibatches per epoch.
+    module = decaying_mnist_module(tmp_path / "mnist_decaying.py", versions=390)
     calm = tmp_path / "calm"
     result = run_cli(*_args(mnist_records, calm, None, "chaos-calm", module), timeout=900)
     assert result.returncode == 0, result.stderr[-5000:]
@@ -110,7 +98,8 @@ def test_a_job_survives_killed_workers_ps_and_master(mnist_records, tmp_path):
         master.send_signal(signal.SIGKILL)
         master.wait(timeout=30)
         wait_for(lambda: not job_processes(job), 60,
-                 "every role to exit after the master died")
+                 "every role to exit after the master died",
+                 left=lambda: job_processes(job))
     finally:
         if master.poll() is None:
             master.kill()

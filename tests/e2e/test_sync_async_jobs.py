@@ -4,17 +4,21 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import run_cli
+from tests.e2e.conftest import decaying_mnist_module, run_cli
 
 pytestmark = pytest.mark.slow
 
 
 def test_async_mnist_three_workers_with_staleness_modulation(mnist_records, tmp_path):
     out = tmp_path / "out"
+    # About 250 versions: 63 minibatches per epoch, one version per push. Staleness
+    # modulation divides the rate by 3-5 here (each worker's own previous push is one).
+    module = decaying_mnist_module(tmp_path / "mnist_decaying.py", versions=260,
+                                   initial_rate=0.003)
     result = run_cli(
-        "train", "--model-zoo", "model_zoo", "--model-def", "mnist.mnist_functional",
+        "train", "--model-def", module,
         "--training-data", mnist_records / "train", "--validation-data", mnist_records / "test",
-        "--num-workers", 3, "--num-ps", 1, "--minibatch-size", 64, "--num-epochs", 3,
+        "--num-workers", 3, "--num-ps", 1, "--minibatch-size", 64, "--num-epochs", 4,
         "--lr-staleness-modulation", "--output", out, "--job-name", "async-e2e",
     )
     assert result.returncode == 0, result.stderr[-5000:]

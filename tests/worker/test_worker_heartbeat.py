@@ -1,5 +1,7 @@
 """The worker's heartbeat: re-registers with a restarted master, exits when it is gone."""
 
+import os
+import signal
 import threading
 
 import pytest
@@ -64,3 +66,23 @@ def test_a_worker_exits_when_the_master_is_gone(fast_heartbeat, monkeypatch):
         heartbeat.close()
         heartbeat.join(5)
         client.close()
+
+
+def test_a_worker_told_to_leave_exits_when_leaving_blocks(monkeypatch):
+    exits = []
+    exited = threading.Event()
+    monkeypatch.setattr(worker_main, "LEAVE_GRACE_S", 0.3)
+    monkeypatch.setattr(worker_main.os, "_exit",
+                        lambda code: (exits.append(code), exited.set()))
+    monkeypatch.setattr(worker_main.logging, "shutdown", lambda: None)
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = threading.Event()
+    try:
+        worker_main._leave_on_sigterm(stop)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(5)
+        assert not exited.is_set()  # leaving gets its grace period first
+        assert exited.wait(5)
+        assert exits == [worker_main.EXIT_LEAVE_TIMEOUT]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

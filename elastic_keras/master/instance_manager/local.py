@@ -2,8 +2,10 @@
 
 Each role runs its module as `python -m <module> <args>` would, in its own session. Its output
 is read line by line, written to `<log_dir>/<role>.log` and handed to `on_line` (the master's
-console). On Linux each child also asks the kernel to SIGTERM it when the master dies, so no
-role outlives a killed master.
+console). On Linux each child also asks the kernel to SIGKILL it when the master dies, so no
+role outlives a killed master: a graceful leave (handing a task back, waiting for a push to
+land) needs the master, and with it gone the job resumes from its checkpoint when its command
+runs again.
 """
 
 import logging
@@ -18,7 +20,7 @@ from elastic_keras.master.instance_manager.api import InstanceManager, RoleExit,
 
 logger = logging.getLogger(__name__)
 
-# `python -c _BOOTSTRAP <master pid> <module> <args...>`: the child asks for SIGTERM when the
+# `python -c _BOOTSTRAP <master pid> <module> <args...>`: the child asks for SIGKILL when the
 # master dies (PR_SET_PDEATHSIG; elsewhere roles notice the master's absence over gRPC), then
 # runs the module as `python -m` does. The child does this itself because a `preexec_fn`
 # would make Python fork() rather than vfork(), and gRPC's fork handlers can then abort the
@@ -27,7 +29,7 @@ _BOOTSTRAP = """
 import ctypes, os, runpy, signal, sys
 master, module = int(sys.argv[1]), sys.argv[2]
 try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 except OSError:
     pass
 if os.getppid() != master:
