@@ -4,8 +4,8 @@
 the test SIGKILLs a worker three times, a PS once, adds a worker with `elastic-keras scale`,
 then SIGKILLs the master and runs the same command again, which resumes from the latest
 checkpoint. The job must complete with every record of every epoch trained, duplicates within
-the stated bound, and held-out accuracy >= 0.90 and within 1.5 points of the same job run
-without faults. Each fault waits for the job to have recovered from the previous one, so the
+the stated bound, and held-out accuracy >= 0.90 and no more than 1.5 points below the same job
+run without faults. Each fault waits for the job to have recovered from the previous one, so the
 sequence does not depend on timing; every wait is bounded.
 """
 
@@ -130,4 +130,7 @@ def test_a_job_survives_killed_workers_ps_and_master(mnist_records, tmp_path):
 
     accuracy = _accuracy(out, mnist_records)
     assert accuracy >= 0.90
-    assert abs(accuracy - calm_accuracy) <= 0.015, (accuracy, calm_accuracy)
+    # As good as the job without faults, within 1.5 points. Asynchronous runs differ by a point
+    # or so either way (seen: 0.963 with faults against 0.948 without), so only falling short
+    # counts; 1e-9 absorbs the rounding of the difference of two float32 accuracies.
+    assert accuracy >= calm_accuracy - 0.015 - 1e-9, (accuracy, calm_accuracy)
