@@ -43,13 +43,12 @@ ADAM = {"class_name": "Adam", "config": {"learning_rate": 0.001}}
 def serve():
     """Serves one PS shard on 127.0.0.1; prints the port; returns when stdin closes."""
     from elastic_keras.common import rpc
-    from elastic_keras.proto import pserver_pb2_grpc
     from elastic_keras.ps.parameters import Parameters
-    from elastic_keras.ps.servicer import PServerServicer
+    from elastic_keras.ps.servicer import PServerServicer, add_to_server
 
     servicer = PServerServicer(Parameters())
     serve_until_stdin_closes([rpc.create_server(
-        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)])])
+        [lambda s: add_to_server(servicer, s)])])
 
 
 def best_rate(call, batches):

@@ -78,9 +78,8 @@ def serve_ps(chunk_bytes, codec, dtype):
     read from stdin replaces it (the old one stopped and dropped) and prints the new port."""
     import gc
 
-    from elastic_keras.proto import pserver_pb2_grpc
     from elastic_keras.ps.parameters import Parameters
-    from elastic_keras.ps.servicer import PServerServicer
+    from elastic_keras.ps.servicer import PServerServicer, add_to_server
 
     server = None
     while True:
@@ -91,7 +90,7 @@ def serve_ps(chunk_bytes, codec, dtype):
         options = tensor_stream.TransferOptions(codec, int(chunk_bytes), dtype)
         servicer = PServerServicer(Parameters(), options)
         server, port = rpc.create_server(
-            [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)])
+            [lambda s: add_to_server(servicer, s)])
         del servicer
         print(port, flush=True)
         line = sys.stdin.readline()
@@ -126,17 +125,17 @@ def push_sizes(values, options):
 
     header = pserver_pb2.PushHeader(worker_id=0, sequence=1)
     parts = tensor_stream.push_parts(header, options.encode(values.items()), options)
-    return [part.ByteSize() for part in parts]
+    return [len(part) for part in parts]
 
 
 def pull_sizes(address):
     """The serialized sizes of the messages of a full dense pull from the shard at `address`."""
-    from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+    from elastic_keras.proto import pserver_pb2
 
     channel = rpc.create_channel(address, "elastic_keras.PServer")
     try:
-        stub = pserver_pb2_grpc.PServerStub(channel)
-        return [part.ByteSize() for part in stub.PullDenseStream(pserver_pb2.PullDenseRequest(
+        stub = rpc.Stub(channel, tensor_stream.PSERVER)
+        return [len(part) for part in stub.PullDenseStream(pserver_pb2.PullDenseRequest(
             known_version=-1))]
     finally:
         channel.close()
@@ -225,7 +224,7 @@ def compare_calls(ps, sizes, quick):
     """Emits streamed against unary push and pull times, codec none and float32."""
     from elastic_keras.common import tensor_codec
     from elastic_keras.common.ps_client import PSClient
-    from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+    from elastic_keras.proto import pserver_pb2
 
     options = tensor_stream.TransferOptions("none", chunking.DEFAULT_CHUNK_BYTES, "float32")
     sgd = json.dumps({"class_name": "SGD", "config": {"learning_rate": 0.0}})
@@ -235,7 +234,7 @@ def compare_calls(ps, sizes, quick):
         address = ps.ask("none float32")[0]
         client = PSClient([address], deadline_s=600, transfer=options)
         channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=600)
-        stub = pserver_pb2_grpc.PServerStub(channel)
+        stub = rpc.Stub(channel, tensor_stream.PSERVER)
         pull = pserver_pb2.PullDenseRequest(known_version=-1)
         calls = {
             "push": (

@@ -58,12 +58,13 @@ class Codec(abc.ABC):
     def pack(self, raw):
         """Prepares one chunk for the wire: returns `(wire codec name, bytes to send)`.
 
-        The bytes are `raw` itself, labelled "none", when compressing does not shrink it.
+        The data is `raw` itself (not copied, whatever bytes-like object it is), labelled
+        "none", when compressing does not shrink it.
         """
         data = self.compress(raw)
         if len(data) < len(raw):
             return self.name, data
-        return "none", bytes(raw)
+        return "none", raw
 
     def _size_error(self, expected, received):
         return PayloadError(
@@ -72,7 +73,7 @@ class Codec(abc.ABC):
 
 
 class NoneCodec(Codec):
-    """Sends bytes as they are. `pack` and `decompress` of `bytes` copy nothing."""
+    """Sends bytes as they are. `pack` copies nothing, nor does `decompress` of `bytes`."""
 
     name = "none"
 
@@ -90,7 +91,7 @@ class NoneCodec(Codec):
         return bytes(data)
 
     def pack(self, raw):
-        return self.name, bytes(raw)
+        return self.name, raw
 
 
 class SnappyCodec(Codec):
@@ -159,13 +160,13 @@ class AutoCodec(SnappyCodec):
     def pack(self, raw):
         size = len(raw)
         if size == 0:
-            return "none", bytes(raw)
+            return "none", raw
         if size > self.SAMPLES * self.SAMPLE_BYTES and not self._sample_pays(raw):
-            return "none", bytes(raw)
+            return "none", raw
         data = self.compress(raw)
         if len(data) <= (1 - self.MIN_SAVING) * size:
             return SnappyCodec.name, data
-        return "none", bytes(raw)
+        return "none", raw
 
     def _sample_pays(self, raw):
         view = memoryview(raw)

@@ -26,7 +26,7 @@ it is safe since its (worker, sequence) makes a shard apply it at most once.
 import numpy as np
 
 from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
-from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+from elastic_keras.proto import pserver_pb2
 
 # InitModel keeps the first model; pulls change nothing (a pulled embedding row is created
 # once, deterministically); a push carries (worker, sequence) and is applied at most once.
@@ -53,7 +53,7 @@ class PSClient:
             rpc.create_channel(a, "elastic_keras.PServer", _IDEMPOTENT, deadline_s)
             for a in self.addresses
         ]
-        self._stubs = [pserver_pb2_grpc.PServerStub(c) for c in self._channels]
+        self._stubs = [rpc.Stub(c, tensor_stream.PSERVER) for c in self._channels]
         # (shard, full precision) -> bytes of the tensors of the last pull that sent any.
         self._pull_bytes = {}
 

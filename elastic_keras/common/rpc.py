@@ -5,6 +5,11 @@ wait-for-ready, all through gRPC's service config; calls that are safe to repeat
 by the config's retry policy, never by hand-written loops. Servers bind to 127.0.0.1 unless
 told otherwise.
 
+Services whose streams carry `TransferFrame`s (the parameter servers') are registered with
+`add_servicer` and called through a `Stub`: both pass those frames as the bytes they are,
+which `chunking` encodes and decodes without copying the tensors' bytes in and out of a
+protobuf message.
+
 Example:
 
     server, port = create_server([lambda s: add_MasterServicer_to_server(servicer, s)])
@@ -16,6 +21,9 @@ import json
 from concurrent import futures
 
 import grpc
+from google.protobuf import message_factory
+
+from elastic_keras.proto import transfer_pb2
 
 MAX_MESSAGE_BYTES = 1 << 30
 DEFAULT_DEADLINE_S = 60.0
@@ -104,3 +112,51 @@ def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16):
 def wait_until_ready(channel, timeout_s):
     """Blocks until `channel` connects; raises grpc.FutureTimeoutError after `timeout_s`."""
     grpc.channel_ready_future(channel).result(timeout=timeout_s)
+
+
+_HANDLERS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+_CALLS = {
+    (False, False): "unary_unary", (False, True): "unary_stream",
+    (True, False): "stream_unary", (True, True): "stream_stream",
+}
+
+
+def _message_codec(descriptor):
+    """(serializer, deserializer) of a message type; none (bytes as they are) for frames."""
+    if descriptor.full_name == transfer_pb2.TransferFrame.DESCRIPTOR.full_name:
+        return None, None
+    cls = message_factory.GetMessageClass(descriptor)
+    return cls.SerializeToString, cls.FromString
+
+
+def add_servicer(server, service, servicer):
+    """Registers `servicer`, which has a method per RPC of `service` (a protobuf
+    `ServiceDescriptor`), on `server`; `TransferFrame`s come and go as bytes."""
+    handlers = {}
+    for method in service.methods:
+        request, response = _message_codec(method.input_type), _message_codec(method.output_type)
+        handler = _HANDLERS[method.client_streaming, method.server_streaming]
+        handlers[method.name] = handler(getattr(servicer, method.name),
+                                        request_deserializer=request[1],
+                                        response_serializer=response[0])
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+class Stub:
+    """A client of `service` (a `ServiceDescriptor`) on `channel`: an attribute per RPC, as
+    a generated stub has, except that `TransferFrame`s go and come as bytes."""
+
+    def __init__(self, channel, service):
+        for method in service.methods:
+            request, response = (_message_codec(method.input_type),
+                                 _message_codec(method.output_type))
+            call = getattr(channel, _CALLS[method.client_streaming, method.server_streaming])
+            setattr(self, method.name, call(f"/{service.full_name}/{method.name}",
+                                            request_serializer=request[0],
+                                            response_deserializer=response[1]))

@@ -4,8 +4,10 @@ A streamed push is a sequence of `PushGradientsPart`s: the first carries the `Pu
 (worker, sequence, model version, assigned values), and the parts' pieces carry the
 gradients as a transfer stream (see `chunking`). A streamed dense pull is a sequence of
 `PullDensePart`s: the first carries `initialized` and `model_version`, the pieces the
-shard's tensors. Reading either checks every piece and gives back nothing for a stream with
-any fault (`PayloadError`, which a shard answers with INVALID_ARGUMENT).
+shard's tensors. Each part travels as the bytes of a `TransferFrame` beside its chunks'
+bytes: the RPCs send and receive those bytes as they are (see `rpc.add_servicer`). Reading
+either checks every piece and gives back nothing for a stream with any fault
+(`PayloadError`, which a shard answers with INVALID_ARGUMENT).
 
 How tensors travel is a `TransferOptions`: the codec of each chunk, the chunk size, and the
 transfer dtype, in which floating tensors cross the wire (`transfer_dtype`). Whatever was
@@ -31,6 +33,8 @@ from elastic_keras.common import chunking, compression, tensor_codec, transfer_d
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.proto import pserver_pb2
 
+# The service whose streamed RPCs carry these frames (serve it with `rpc.add_servicer`).
+PSERVER = pserver_pb2.DESCRIPTOR.services_by_name["PServer"]
 FULL_PRECISION = "float32"
 TRANSFER_DTYPE_NAMES = (FULL_PRECISION, *transfer_dtype.TRANSFER_DTYPES)
 _REDUCED = frozenset(transfer_dtype.TRANSFER_DTYPES.values())
@@ -127,68 +131,78 @@ def decode_tensors(tensors):
 
 
 def push_parts(header, tensors, options):
-    """The `PushGradientsPart`s of a streamed push, made lazily as they are sent.
+    """The frames (`TransferFrame` bytes of `PushGradientsPart`s) of a streamed push, made
+    lazily as they are sent.
 
     Args:
         header: the `PushHeader`, carried by the first part.
         tensors: the gradients as `WireTensor`s (see `TransferOptions.encode`).
         options: the `TransferOptions` whose codec and chunk size apply.
     """
-    parts = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
-                                   pserver_pb2.PushGradientsPart)
-    first = next(parts, None) or pserver_pb2.PushGradientsPart()
-    first.header.CopyFrom(header)
-    yield first
-    yield from parts
+    frames = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
+                                    pserver_pb2.PushGradientsPart)
+    first = next(frames, None) or chunking.Frame(pserver_pb2.PushGradientsPart(), [])
+    first.message.header.CopyFrom(header)
+    yield chunking.encode_frame(first)
+    for frame in frames:
+        yield chunking.encode_frame(frame)
 
 
-def read_push(parts):
-    """`(PushHeader, [WireTensor])` of a streamed push: every part read, every chunk checked.
+def read_push(frames):
+    """`(PushHeader, [WireTensor])` of a streamed push from its frames (bytes): every part
+    read, every chunk checked.
 
     Raises:
         PayloadError: no parts, a header missing from the first part or repeated in another,
-            or a corrupt, missing, duplicated or reordered chunk (see `chunking`).
+            a malformed frame, or a corrupt, missing, duplicated or reordered chunk (see
+            `chunking`).
     """
-    joiner = chunking.TensorJoiner(messages=False)
+    joiner = chunking.TensorJoiner()
     header = None
-    for index, part in enumerate(parts):
-        if part.HasField("header") != (index == 0):
+    for index, raw in enumerate(frames):
+        frame = chunking.decode_frame(raw, pserver_pb2.PushGradientsPart)
+        if frame.message.HasField("header") != (index == 0):
             where = "is missing from the first part" if index == 0 else f"repeats in part {index}"
             raise PayloadError(
                 f"A streamed push carries its header in its first part only. Received: the "
                 f"header {where}"
             )
         if index == 0:
-            header = part.header
-        joiner.add(part)
+            header = frame.message.header
+        joiner.add(frame)
     if header is None:
         raise PayloadError("A streamed push needs at least one part. Received: an empty stream")
     return header, joiner.finish()
 
 
 def pull_parts(initialized, model_version, tensors, options):
-    """The `PullDensePart`s of a streamed dense pull, made lazily as they are sent."""
-    parts = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
-                                   pserver_pb2.PullDensePart)
-    first = next(parts, None) or pserver_pb2.PullDensePart()
-    first.initialized = initialized
-    first.model_version = model_version
-    yield first
-    yield from parts
+    """The frames (`TransferFrame` bytes of `PullDensePart`s) of a streamed dense pull, made
+    lazily as they are sent."""
+    frames = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
+                                    pserver_pb2.PullDensePart)
+    first = next(frames, None) or chunking.Frame(pserver_pb2.PullDensePart(), [])
+    first.message.initialized = initialized
+    first.message.model_version = model_version
+    yield chunking.encode_frame(first)
+    for frame in frames:
+        yield chunking.encode_frame(frame)
 
 
-def read_pull(parts):
-    """`(initialized, model_version, [WireTensor])` of a streamed dense pull.
+def read_pull(frames):
+    """`(initialized, model_version, [WireTensor])` of a streamed dense pull from its frames
+    (bytes).
 
     Raises:
-        PayloadError: an empty stream, or a corrupt, missing or reordered chunk.
+        PayloadError: an empty stream, a malformed frame, or a corrupt, missing or reordered
+            chunk.
     """
-    joiner = chunking.TensorJoiner(messages=False)
+    joiner = chunking.TensorJoiner()
     first = None
-    for part in parts:
+    for raw in frames:
+        frame = chunking.decode_frame(raw, pserver_pb2.PullDensePart)
         if first is None:
-            first = part
-        joiner.add(part)
+            first = frame.message
+        joiner.add(frame)
     if first is None:
         raise PayloadError("A streamed pull answers with at least one part. "
                            "Received: an empty stream")

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from elastic_keras.proto import pserver_pb2 as elastic__keras_dot_proto_dot_pserver__pb2
+from elastic_keras.proto import transfer_pb2 as elastic__keras_dot_proto_dot_transfer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -52,11 +53,11 @@ class PServerStub:
         self.PullDenseStream = channel.unary_stream(
                 '/elastic_keras.PServer/PullDenseStream',
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDenseRequest.SerializeToString,
-                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDensePart.FromString,
+                response_deserializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
                 _registered_method=True)
         self.PushGradientsStream = channel.stream_unary(
                 '/elastic_keras.PServer/PushGradientsStream',
-                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsPart.SerializeToString,
+                request_serializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
                 _registered_method=True)
         self.PullEmbedding = channel.unary_unary(
@@ -98,7 +99,8 @@ class PServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PullDenseStream(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Frames of PullDensePart and PushGradientsPart messages.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -148,11 +150,11 @@ def add_PServerServicer_to_server(servicer, server):
             'PullDenseStream': grpc.unary_stream_rpc_method_handler(
                     servicer.PullDenseStream,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDenseRequest.FromString,
-                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullDensePart.SerializeToString,
+                    response_serializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
             ),
             'PushGradientsStream': grpc.stream_unary_rpc_method_handler(
                     servicer.PushGradientsStream,
-                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsPart.FromString,
+                    request_deserializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.SerializeToString,
             ),
             'PullEmbedding': grpc.unary_unary_rpc_method_handler(
@@ -278,7 +280,7 @@ class PServer:
             target,
             '/elastic_keras.PServer/PullDenseStream',
             elastic__keras_dot_proto_dot_pserver__pb2.PullDenseRequest.SerializeToString,
-            elastic__keras_dot_proto_dot_pserver__pb2.PullDensePart.FromString,
+            elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
             options,
             channel_credentials,
             insecure,
@@ -304,7 +306,7 @@ class PServer:
             request_iterator,
             target,
             '/elastic_keras.PServer/PushGradientsStream',
-            elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsPart.SerializeToString,
+            elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
             options,
             channel_credentials,

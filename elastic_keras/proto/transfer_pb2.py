@@ -25,21 +25,23 @@ _sym_db = _symbol_database.Default()
 from elastic_keras.proto import tensor_pb2 as elastic__keras_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"elastic_keras/proto/transfer.proto\x12\relastic_keras\x1a elastic_keras/proto/tensor.proto\"\xbc\x01\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x05\x64type\x18\x02 \x01(\x0e\x32\x17.elastic_keras.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x13\n\x0b\x64\x65nse_shape\x18\x04 \x03(\x03\x12\x14\n\x0c\x63ontent_size\x18\x05 \x01(\x03\x12\x16\n\x0e\x63ontent_chunks\x18\x06 \x01(\x05\x12\x10\n\x08ids_size\x18\x07 \x01(\x03\x12\x12\n\nids_chunks\x18\x08 \x01(\x05\"\x95\x01\n\x0bTensorChunk\x12\x0e\n\x06tensor\x18\x01 \x01(\t\x12(\n\x05\x66ield\x18\x02 \x01(\x0e\x32\x19.elastic_keras.ChunkField\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63odec\x18\x04 \x01(\t\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\x12\x10\n\x08raw_size\x18\x06 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"t\n\rTransferPiece\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1b.elastic_keras.TensorHeaderH\x00\x12+\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1a.elastic_keras.TensorChunkH\x00\x42\x07\n\x05piece\"?\n\x0fTransferMessage\x12,\n\x06pieces\x18\x01 \x03(\x0b\x32\x1c.elastic_keras.TransferPiece*.\n\nChunkField\x12\x11\n\rCHUNK_CONTENT\x10\x00\x12\r\n\tCHUNK_IDS\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"elastic_keras/proto/transfer.proto\x12\relastic_keras\x1a elastic_keras/proto/tensor.proto\"\xbc\x01\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x05\x64type\x18\x02 \x01(\x0e\x32\x17.elastic_keras.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x13\n\x0b\x64\x65nse_shape\x18\x04 \x03(\x03\x12\x14\n\x0c\x63ontent_size\x18\x05 \x01(\x03\x12\x16\n\x0e\x63ontent_chunks\x18\x06 \x01(\x05\x12\x10\n\x08ids_size\x18\x07 \x01(\x03\x12\x12\n\nids_chunks\x18\x08 \x01(\x05\"\x97\x01\n\x0bTensorChunk\x12\x0e\n\x06tensor\x18\x01 \x01(\t\x12(\n\x05\x66ield\x18\x02 \x01(\x0e\x32\x19.elastic_keras.ChunkField\x12\r\n\x05index\x18\x03 \x01(\x05\x12\r\n\x05\x63odec\x18\x04 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x06\x12\x10\n\x08raw_size\x18\x06 \x01(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\"t\n\rTransferPiece\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1b.elastic_keras.TensorHeaderH\x00\x12+\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1a.elastic_keras.TensorChunkH\x00\x42\x07\n\x05piece\"?\n\x0fTransferMessage\x12,\n\x06pieces\x18\x01 \x03(\x0b\x32\x1c.elastic_keras.TransferPiece\".\n\rTransferFrame\x12\x0c\n\x04meta\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c*.\n\nChunkField\x12\x11\n\rCHUNK_CONTENT\x10\x00\x12\r\n\tCHUNK_IDS\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elastic_keras.proto.transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHUNKFIELD']._serialized_start=613
-  _globals['_CHUNKFIELD']._serialized_end=659
+  _globals['_CHUNKFIELD']._serialized_start=663
+  _globals['_CHUNKFIELD']._serialized_end=709
   _globals['_TENSORHEADER']._serialized_start=88
   _globals['_TENSORHEADER']._serialized_end=276
   _globals['_TENSORCHUNK']._serialized_start=279
-  _globals['_TENSORCHUNK']._serialized_end=428
-  _globals['_TRANSFERPIECE']._serialized_start=430
-  _globals['_TRANSFERPIECE']._serialized_end=546
-  _globals['_TRANSFERMESSAGE']._serialized_start=548
-  _globals['_TRANSFERMESSAGE']._serialized_end=611
+  _globals['_TENSORCHUNK']._serialized_end=430
+  _globals['_TRANSFERPIECE']._serialized_start=432
+  _globals['_TRANSFERPIECE']._serialized_end=548
+  _globals['_TRANSFERMESSAGE']._serialized_start=550
+  _globals['_TRANSFERMESSAGE']._serialized_end=613
+  _globals['_TRANSFERFRAME']._serialized_start=615
+  _globals['_TRANSFERFRAME']._serialized_end=661
 # @@protoc_insertion_point(module_scope)

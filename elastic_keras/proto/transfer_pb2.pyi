@@ -36,22 +36,22 @@ class TensorHeader(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[_tensor_pb2.DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., dense_shape: _Optional[_Iterable[int]] = ..., content_size: _Optional[int] = ..., content_chunks: _Optional[int] = ..., ids_size: _Optional[int] = ..., ids_chunks: _Optional[int] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("tensor", "field", "index", "codec", "crc32c", "raw_size", "data")
+    __slots__ = ("tensor", "field", "index", "codec", "checksum", "raw_size", "size")
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
-    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     tensor: str
     field: ChunkField
     index: int
     codec: str
-    crc32c: int
+    checksum: int
     raw_size: int
-    data: bytes
-    def __init__(self, tensor: _Optional[str] = ..., field: _Optional[_Union[ChunkField, str]] = ..., index: _Optional[int] = ..., codec: _Optional[str] = ..., crc32c: _Optional[int] = ..., raw_size: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    size: int
+    def __init__(self, tensor: _Optional[str] = ..., field: _Optional[_Union[ChunkField, str]] = ..., index: _Optional[int] = ..., codec: _Optional[str] = ..., checksum: _Optional[int] = ..., raw_size: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class TransferPiece(_message.Message):
     __slots__ = ("header", "chunk")
@@ -66,3 +66,11 @@ class TransferMessage(_message.Message):
     PIECES_FIELD_NUMBER: _ClassVar[int]
     pieces: _containers.RepeatedCompositeFieldContainer[TransferPiece]
     def __init__(self, pieces: _Optional[_Iterable[_Union[TransferPiece, _Mapping]]] = ...) -> None: ...
+
+class TransferFrame(_message.Message):
+    __slots__ = ("meta", "payload")
+    META_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    meta: bytes
+    payload: bytes
+    def __init__(self, meta: _Optional[bytes] = ..., payload: _Optional[bytes] = ...) -> None: ...

@@ -34,11 +34,10 @@ from elastic_keras.common.errors import CheckpointError
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.tensor_stream import TransferOptions
-from elastic_keras.proto import pserver_pb2_grpc
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
-from elastic_keras.ps.servicer import PServerServicer
+from elastic_keras.ps.servicer import PServerServicer, add_to_server
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def run(config, stop):
     transfer = TransferOptions.of(config)
     servicer = PServerServicer(parameters, transfer, config.ps_id)
     server, port = rpc.create_server(
-        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)],
+        [lambda s: add_to_server(servicer, s)],
         config.host,
         config.port,
     )

@@ -10,11 +10,11 @@ SaveCheckpoint writes the shard's file into a checkpoint directory (`ps/checkpoi
 bad request is INVALID_ARGUMENT, an uninitialised shard FAILED_PRECONDITION and a failed
 write INTERNAL, each naming the path.
 
+Register it with `add_to_server`, which passes the streamed RPCs' `TransferFrame`s as bytes.
+
 Example:
 
-    server, port = rpc.create_server(
-        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(
-            PServerServicer(Parameters()), s)])
+    server, port = rpc.create_server([lambda s: add_to_server(PServerServicer(Parameters()), s)])
 """
 
 import contextlib
@@ -23,7 +23,7 @@ import os
 
 import grpc
 
-from elastic_keras.common import tensor_codec, tensor_stream
+from elastic_keras.common import rpc, tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 from elastic_keras.ps.checkpoint import save_shard
@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 # The longest a pull waits for a synchronous round (the caller then asks again).
 MAX_ROUND_WAIT_S = 50.0
+
+
+def add_to_server(servicer, server):
+    """Serves `servicer` on `server`, its streams' frames as bytes (see `rpc.add_servicer`)."""
+    rpc.add_servicer(server, tensor_stream.PSERVER, servicer)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,5 @@
 """Codecs, chunked tensor streams and reduced-precision transfer."""
 
-import google_crc32c
 import grpc
 import ml_dtypes
 import numpy as np
@@ -9,7 +8,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from elastic_keras.common import chunking, compression, rpc, tensor_codec, transfer_dtype
 from elastic_keras.common.errors import ConfigError, PayloadError
-from elastic_keras.proto import transfer_pb2
+from elastic_keras.proto import tensor_pb2, transfer_pb2
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64]
 CHUNK = 1024  # small chunks keep multi-chunk cases fast
@@ -66,7 +65,7 @@ class TestWireCodecContract:
             codec.decompress(data[: len(data) // 2], len(raw))
 
     def test_garbage_fails_only_with_payload_error(self, name):
-        # Formats without a checksum may read garbage as valid data: the chunk's CRC-32C,
+        # Formats without a checksum may read garbage as valid data: the chunk's checksum,
         # checked before decompressing, is what catches corruption.
         codec = compression.get_codec(name)
         for size in (1, 10, 100, 1000):
@@ -138,18 +137,43 @@ def _wire(dtype, size, sparse):
     elements = SIZES[size](np.dtype(dtype).itemsize) // np.dtype(dtype).itemsize
     values = _half_zero(elements, dtype)
     if not sparse:
-        return tensor_codec.encode("w", values)
+        return tensor_codec.wire_tensor("w", values)
     rows = elements // ROW
     ids = rng.permutation(10 * rows + 1)[:rows]
-    return tensor_codec.encode_slices("emb", values.reshape(rows, ROW), ids, (0, ROW))
+    return tensor_codec.wire_tensor(
+        "emb", tensor_codec.Slices(values.reshape(rows, ROW), ids, (0, ROW)))
 
 
-def _pieces(messages):
-    return [piece for message in messages for piece in message.pieces]
+def _fields(tensor):
+    """A wire tensor's fields, its bytes as `bytes`, to compare tensors made either way."""
+    return (tensor.name, tensor.dtype, tuple(tensor.shape), bytes(tensor.content),
+            bytes(tensor.ids), tuple(tensor.dense_shape))
+
+
+def _same(received, sent):
+    assert [_fields(t) for t in received] == [_fields(t) for t in sent]
+
+
+def _sent(frames):
+    """What a receiver gets of `frames`: each encoded to bytes and decoded again."""
+    return [chunking.decode_frame(chunking.encode_frame(f)) for f in frames]
+
+
+def _pieces(frames):
+    """`[piece, its chunk's bytes or None]` of every piece of `frames`, in order."""
+    pieces = []
+    for frame in frames:
+        data = iter(frame.data)
+        for piece in frame.message.pieces:
+            pieces.append([piece, bytes(next(data)) if piece.HasField("chunk") else None])
+    return pieces
 
 
 def _stream(pieces):
-    return [transfer_pb2.TransferMessage(pieces=pieces)]
+    """One frame of `pieces` (as `_pieces` gives them), sent: encoded and decoded again."""
+    message = transfer_pb2.TransferMessage(pieces=[piece for piece, _ in pieces])
+    data = [data for piece, data in pieces if piece.HasField("chunk")]
+    return _sent([chunking.Frame(message, data)])
 
 
 @pytest.mark.parametrize("codec", compression.CODEC_NAMES)
@@ -158,14 +182,14 @@ def _stream(pieces):
 @pytest.mark.parametrize("size", list(SIZES))
 def test_round_trip(codec, dtype, sparse, size):
     wire = _wire(dtype, size, sparse)
-    messages = list(chunking.split_tensors([wire], codec=codec, chunk_bytes=CHUNK))
-    chunks = [p.chunk for p in _pieces(messages) if p.HasField("chunk")]
+    frames = list(chunking.split_tensors([wire], codec=codec, chunk_bytes=CHUNK))
+    chunks = [p.chunk for p, _ in _pieces(frames) if p.HasField("chunk")]
     content_size, ids_size = len(wire.content), len(wire.ids)
     assert len(chunks) == -(-content_size // CHUNK) + -(-ids_size // CHUNK)
-    assert all(c.raw_size <= CHUNK and len(c.data) <= c.raw_size for c in chunks)
+    assert all(c.raw_size <= CHUNK and c.size <= c.raw_size for c in chunks)
     assert {c.codec for c in chunks} <= set(compression.WIRE_CODECS)
-    (joined,) = chunking.join_tensors(messages)
-    assert joined == wire
+    (joined,) = chunking.join_tensors(_sent(frames))
+    _same([joined], [wire])
     decoded = tensor_codec.decode(joined)
     expected = tensor_codec.decode(wire)
     if sparse:
@@ -175,22 +199,49 @@ def test_round_trip(codec, dtype, sparse, size):
         np.testing.assert_array_equal(decoded, expected)
 
 
-def test_many_tensors_share_messages_and_big_ones_spread():
-    small = [tensor_codec.encode(f"b{i}", np.full(10, i, np.float32)) for i in range(50)]
-    big = tensor_codec.encode("big", rng.standard_normal(5 * CHUNK // 4).astype(np.float32))
+def test_a_frame_is_a_transfer_frame_message():
+    """Any protobuf reader can read a frame: a TransferFrame whose meta is the stream message
+    and whose payload is its chunks' bytes, in order."""
+    wire = [_wire(np.float32, "chunks_and_remainder", False)]
+    (frame, *_) = chunking.split_tensors(wire, codec="lz4", chunk_bytes=CHUNK)
+    parsed = transfer_pb2.TransferFrame.FromString(chunking.encode_frame(frame))
+    assert transfer_pb2.TransferMessage.FromString(parsed.meta) == frame.message
+    assert parsed.payload == b"".join(bytes(d) for d in frame.data)
+    # And a frame serialized by protobuf itself decodes.
+    decoded = chunking.decode_frame(parsed.SerializeToString())
+    assert decoded.message == frame.message
+    assert [bytes(d) for d in decoded.data] == [bytes(d) for d in frame.data]
+
+
+def test_many_tensors_share_frames_and_big_ones_spread():
+    small = [tensor_codec.wire_tensor(f"b{i}", np.full(10, i, np.float32)) for i in range(50)]
+    big = tensor_codec.wire_tensor("big", rng.standard_normal(5 * CHUNK // 4).astype(np.float32))
     wire = [*small[:25], big, *small[25:]]
-    messages = list(chunking.split_tensors(wire, codec="none", chunk_bytes=CHUNK))
-    assert len(messages) <= 10
-    assert all(sum(len(p.chunk.data) for p in m.pieces) <= CHUNK for m in messages)
-    assert chunking.join_tensors(messages) == wire
+    frames = list(chunking.split_tensors(wire, codec="none", chunk_bytes=CHUNK))
+    assert len(frames) <= 10
+    assert all(sum(len(d) for d in f.data) <= CHUNK for f in frames)
+    _same(chunking.join_tensors(_sent(frames)), wire)
 
 
-def test_joiner_takes_one_message_at_a_time():
+def test_joiner_takes_one_frame_at_a_time():
     wire = [_wire(np.float32, "chunks_and_remainder", True), _wire(np.int64, "small", False)]
     joiner = chunking.TensorJoiner()
-    for message in chunking.split_tensors(wire, codec="lz4", chunk_bytes=CHUNK):
-        joiner.add(message)
-    assert joiner.finish() == wire
+    for frame in _sent(chunking.split_tensors(wire, codec="lz4", chunk_bytes=CHUNK)):
+        joiner.add(frame)
+    _same(joiner.finish(), wire)
+
+
+def test_a_whole_uncompressed_chunk_is_received_in_place():
+    """One chunk sent raw is the tensor: its bytes are a view of the frame, not a copy; a
+    tensor of several chunks is joined into a buffer of its own."""
+    small = tensor_codec.wire_tensor("small", np.arange(100, dtype=np.float32))
+    big = _wire(np.float32, "chunks_and_remainder", False)
+    raw = [chunking.encode_frame(f) for f in
+           chunking.split_tensors([small, big], codec="none", chunk_bytes=CHUNK)]
+    joined = chunking.join_tensors(chunking.decode_frame(r) for r in raw)
+    assert joined[0].content.obj is raw[0] and joined[0].content.readonly
+    assert joined[1].content.obj is not raw[-1] and not joined[1].content.readonly
+    _same(joined, [small, big])
 
 
 def _rpc_message_type():
@@ -218,21 +269,22 @@ def _rpc_message_type():
 def test_an_rpc_own_message_type_carries_the_stream_beside_its_fields():
     part = _rpc_message_type()
     wire = [_wire(np.float32, "chunks_and_remainder", True), _wire(np.int32, "small", False)]
-    messages = list(chunking.split_tensors(wire, "snappy", CHUNK, message_type=part))
-    assert all(isinstance(m, part) for m in messages) and len(messages) > 1
-    messages[0].sequence = 7
-    messages.append(part(sequence=8))  # a request-level message of its own, after the pieces
-    received = [part.FromString(m.SerializeToString()) for m in messages]
-    assert chunking.join_tensors(received) == wire
-    assert [m.sequence for m in received if m.sequence] == [7, 8]
+    frames = list(chunking.split_tensors(wire, "snappy", CHUNK, message_type=part))
+    assert all(isinstance(f.message, part) for f in frames) and len(frames) > 1
+    frames[0].message.sequence = 7
+    frames.append(chunking.Frame(part(sequence=8), []))  # a request-level part of its own
+    received = [chunking.decode_frame(chunking.encode_frame(f), part) for f in frames]
+    _same(chunking.join_tensors(received), wire)
+    assert [f.message.sequence for f in received if f.message.sequence] == [7, 8]
 
 
 def test_small_tensor_is_one_chunk_sent_as_is_with_codec_none():
-    wire = tensor_codec.encode("w", np.arange(100, dtype=np.float32))
-    (message,) = chunking.split_tensors([wire], codec="none")
-    header, chunk = message.pieces[0].header, message.pieces[1].chunk
+    wire = tensor_codec.wire_tensor("w", np.arange(100, dtype=np.float32))
+    (frame,) = chunking.split_tensors([wire], codec="none")
+    header, chunk = frame.message.pieces[0].header, frame.message.pieces[1].chunk
     assert (header.content_chunks, header.ids_chunks, header.content_size) == (1, 0, 400)
-    assert (chunk.codec, chunk.raw_size, chunk.data) == ("none", 400, wire.content)
+    assert (chunk.codec, chunk.raw_size, chunk.size) == ("none", 400, 400)
+    assert frame.data[0].obj is wire.content.obj  # a view of the array, not a copy
 
 
 def test_split_rejects_bad_arguments():
@@ -246,12 +298,12 @@ def test_split_rejects_bad_arguments():
 def _split_pieces(codec="none", sparse=False):
     """The pieces of a stream of tensor 'w'/'emb' (4 content chunks) then 'next' (1 chunk)."""
     wire = [_wire(np.float32, "chunks_and_remainder", sparse),
-            tensor_codec.encode("next", np.ones(3, np.float32))]
+            tensor_codec.wire_tensor("next", np.ones(3, np.float32))]
     return _pieces(chunking.split_tensors(wire, codec=codec, chunk_bytes=CHUNK))
 
 
 def _chunk_at(pieces, tensor, field, index):
-    for position, piece in enumerate(pieces):
+    for position, (piece, _) in enumerate(pieces):
         chunk = piece.chunk
         if piece.HasField("chunk") and (chunk.tensor, chunk.field, chunk.index) == (
                 tensor, field, index):
@@ -271,17 +323,17 @@ def _join_fails(pieces, *patterns):
 @pytest.mark.parametrize("offset", [0, -1])
 def test_a_flipped_byte_fails_the_checksum(codec, offset):
     pieces = _split_pieces(codec)
-    chunk = pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 2)].chunk
-    data = bytearray(chunk.data)
+    where = _chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 2)
+    data = bytearray(pieces[where][1])
     data[offset] ^= 0x01
-    chunk.data = bytes(data)
-    _join_fails(pieces, "Tensor 'w'", "chunk content[2]", "CRC-32C")
+    pieces[where][1] = bytes(data)
+    _join_fails(pieces, "Tensor 'w'", "chunk content[2]", "fails its checksum")
 
 
 def test_a_corrupt_ids_chunk_is_named():
     pieces = _split_pieces("snappy", sparse=True)
-    pieces[_chunk_at(pieces, "emb", transfer_pb2.CHUNK_IDS, 0)].chunk.crc32c ^= 1
-    _join_fails(pieces, "Tensor 'emb'", "chunk ids[0]", "CRC-32C")
+    pieces[_chunk_at(pieces, "emb", transfer_pb2.CHUNK_IDS, 0)][0].chunk.checksum ^= 1
+    _join_fails(pieces, "Tensor 'emb'", "chunk ids[0]", "fails its checksum")
 
 
 @pytest.mark.parametrize("index", [0, 1, 3])
@@ -298,7 +350,7 @@ def test_a_stream_that_ends_inside_a_tensor_is_rejected():
 
 def test_a_missing_header_is_named():
     pieces = _split_pieces()
-    del pieces[next(i for i, p in enumerate(pieces) if p.header.name == "next")]
+    del pieces[next(i for i, (p, _) in enumerate(pieces) if p.header.name == "next")]
     _join_fails(pieces, "Tensor 'next'", "chunk content[0]", "before the tensor's header")
 
 
@@ -335,21 +387,24 @@ def test_content_and_ids_chunks_must_not_swap():
 @pytest.mark.parametrize("label", ["zstd", "auto", ""])
 def test_an_unknown_codec_label_is_named(label):
     pieces = _split_pieces()
-    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 1)].chunk.codec = label
+    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 1)][0].chunk.codec = label
     _join_fails(pieces, "Tensor 'w'", "chunk content[1]: ", repr(label))
 
 
-def _replace_data(chunk, codec, raw):
-    chunk.codec = codec
-    chunk.data = compression.get_codec(codec).compress(raw)
-    chunk.crc32c = google_crc32c.value(chunk.data)
+def _replace_data(piece, codec, raw):
+    """Gives `piece` (a `[piece, bytes]` pair) `raw` compressed with `codec`, checksummed."""
+    data = compression.get_codec(codec).compress(raw)
+    piece[0].chunk.codec = codec
+    piece[0].chunk.size = len(data)
+    piece[0].chunk.checksum = chunking.checksum(data)
+    piece[1] = data
 
 
 @pytest.mark.parametrize("codec", compression.WIRE_CODECS)
 def test_data_that_decompresses_to_the_wrong_size_is_named(codec):
     pieces = _split_pieces()
-    chunk = pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 1)].chunk
-    _replace_data(chunk, codec, bytes(CHUNK - 8))  # a valid checksum of the wrong bytes
+    piece = pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 1)]
+    _replace_data(piece, codec, bytes(CHUNK - 8))  # a valid checksum of the wrong bytes
     _join_fails(pieces, "Tensor 'w'", "chunk content[1]: ",
                 f"must decompress to {CHUNK} bytes")
 
@@ -359,13 +414,13 @@ def test_data_that_decompresses_to_the_wrong_size_is_named(codec):
 ])
 def test_a_chunk_raw_size_outside_its_tensor_is_named(raw_size, message):
     pieces = _split_pieces()
-    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 0)].chunk.raw_size = raw_size
+    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 0)][0].chunk.raw_size = raw_size
     _join_fails(pieces, "Tensor 'w'", "chunk content[0]", message)
 
 
 def test_the_last_chunk_must_complete_its_field():
     pieces = _split_pieces()
-    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 3)].chunk.raw_size -= 1
+    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 3)][0].chunk.raw_size -= 1
     _join_fails(pieces, "Tensor 'w'", "content[3], the last, must hold the remaining")
 
 
@@ -375,30 +430,60 @@ def test_the_last_chunk_must_complete_its_field():
 ])
 def test_an_inconsistent_header_is_named(fields):
     header = transfer_pb2.TensorHeader(name="h", **fields)
-    _join_fails([transfer_pb2.TransferPiece(header=header)], "Tensor 'h'", "header must")
+    _join_fails([[transfer_pb2.TransferPiece(header=header), None]], "Tensor 'h'", "header must")
+
+
+def test_a_header_announcing_more_than_its_dtype_and_shape_is_named():
+    header = transfer_pb2.TensorHeader(name="h", dtype=tensor_pb2.DT_FLOAT32, shape=[4],
+                                       content_size=1 << 40, content_chunks=1)
+    _join_fails([[transfer_pb2.TransferPiece(header=header), None]], "Tensor 'h'",
+                "must announce 16 content and 0 ids bytes", f"content_size={1 << 40}")
 
 
 def test_an_empty_piece_is_rejected():
-    _join_fails([transfer_pb2.TransferPiece()], "header or a chunk")
+    _join_fails([[transfer_pb2.TransferPiece(), None]], "header or a chunk")
 
 
 def test_a_chunk_of_another_tensor_is_named():
     pieces = _split_pieces()
-    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 2)].chunk.tensor = "x"
+    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 2)][0].chunk.tensor = "x"
     _join_fails(pieces, "Tensor 'w'", "content[2] of 4 is missing", "of tensor 'x'")
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"\x0a\x05abc", "cut short: a field announces 5 bytes"),
+    (b"\x0a", "unterminated varint"),
+    (b"\x0a\x00\x0a\x00", "once each. Received: tag 10"),
+    (b"\x1a\x00", "once each. Received: tag 26"),
+    (b"\x0a\x03\xff\xff\xff", "must be a TransferMessage"),
+])
+def test_bytes_that_are_not_a_frame_are_named(raw, message):
+    with pytest.raises(PayloadError, match=message):
+        chunking.decode_frame(raw)
+
+
+def test_a_payload_that_does_not_match_its_chunks_is_named():
+    (frame,) = chunking.split_tensors([_wire(np.float32, "small", False)], codec="none")
+    raw = chunking.encode_frame(chunking.Frame(frame.message, [bytes(frame.data[0])[:-4]]))
+    with pytest.raises(PayloadError, match="chunk content\\[0\\] announces 48 bytes"):
+        chunking.decode_frame(raw)
+    raw = chunking.encode_frame(chunking.Frame(frame.message, [bytes(frame.data[0]) + b"!"]))
+    with pytest.raises(PayloadError, match="chunks announce 48 bytes. Received: a payload of 49"):
+        chunking.decode_frame(raw)
 
 
 @pytest.fixture
 def sink():
-    """A loopback client-streaming service that joins what it receives and answers with the
-    headers of the tensors it rebuilt; a `PayloadError` becomes INVALID_ARGUMENT."""
+    """A loopback client-streaming service that joins the frames it receives (bytes, as a
+    PServer's streams do) and answers with the headers of the tensors it rebuilt; a
+    `PayloadError` becomes INVALID_ARGUMENT."""
     received = []
 
     def push(request_iterator, context):
         joiner = chunking.TensorJoiner()
         try:
-            for message in request_iterator:
-                joiner.add(message)
+            for raw in request_iterator:
+                joiner.add(chunking.decode_frame(raw))
             tensors = joiner.finish()
         except PayloadError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -409,13 +494,11 @@ def sink():
 
     handler = grpc.method_handlers_generic_handler("elastic_keras.test.Sink", {
         "Push": grpc.stream_unary_rpc_method_handler(
-            push, request_deserializer=transfer_pb2.TransferMessage.FromString,
-            response_serializer=transfer_pb2.TransferMessage.SerializeToString)})
+            push, response_serializer=transfer_pb2.TransferMessage.SerializeToString)})
     server, port = rpc.create_server([lambda s: s.add_generic_rpc_handlers((handler,))])
     channel = rpc.create_channel(f"127.0.0.1:{port}", service="elastic_keras.test.Sink",
                                  deadline_s=30)
     call = channel.stream_unary("/elastic_keras.test.Sink/Push",
-                                request_serializer=transfer_pb2.TransferMessage.SerializeToString,
                                 response_deserializer=transfer_pb2.TransferMessage.FromString)
     yield call, received
     channel.close()
@@ -426,19 +509,23 @@ def test_a_stream_crosses_grpc(sink):
     call, received = sink
     wire = [_wire(np.float32, "chunks_and_remainder", True), _wire(np.int64, "small", False),
             _wire(np.float16, "empty", False)]
-    reply = call(chunking.split_tensors(wire, codec="auto", chunk_bytes=CHUNK))
+    frames = chunking.split_tensors(wire, codec="auto", chunk_bytes=CHUNK)
+    reply = call(chunking.encode_frame(f) for f in frames)
     assert [p.header.name for p in reply.pieces] == ["emb", "w", "w"]
-    assert received == wire
+    _same(received, wire)
 
 
 def test_a_corrupt_chunk_rejects_the_whole_call(sink):
     call, received = sink
     pieces = _split_pieces("snappy")
-    pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 3)].chunk.data += b"!"
+    piece = pieces[_chunk_at(pieces, "w", transfer_pb2.CHUNK_CONTENT, 3)]
+    piece[1] = bytes(piece[1][:-1]) + bytes([piece[1][-1] ^ 0x10])
+    message = transfer_pb2.TransferMessage(pieces=[p for p, _ in pieces])
+    frame = chunking.Frame(message, [d for p, d in pieces if p.HasField("chunk")])
     with pytest.raises(grpc.RpcError) as info:
-        call(iter(_stream(pieces)))
+        call(iter([chunking.encode_frame(frame)]))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "Tensor 'w': chunk content[3] fails its CRC-32C check" in info.value.details()
+    assert "Tensor 'w': chunk content[3] fails its checksum" in info.value.details()
     assert received == []
 
 

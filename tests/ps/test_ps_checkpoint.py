@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from elastic_keras.common import checkpoint as layout
-from elastic_keras.common import partition, rpc, tensor_codec
+from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
 from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.errors import CheckpointError, NotReadyError, PSError
 from elastic_keras.common.ps_client import PSClient
-from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+from elastic_keras.proto import pserver_pb2
 from elastic_keras.ps import main as ps_main
 from elastic_keras.ps.checkpoint import load_shards, save_shard
 from elastic_keras.ps.parameters import DUPLICATE, Parameters, Push, TableConfig
-from elastic_keras.ps.servicer import PServerServicer
+from elastic_keras.ps.servicer import PServerServicer, add_to_server
 
 DIM = 3
 TABLES = (TableConfig("user", DIM), TableConfig("item", 2, input_dim=1000))
@@ -306,7 +306,7 @@ def serve():
         parameters = Parameters()
         servicer = PServerServicer(parameters, ps_id=ps_id)
         server, port = rpc.create_server(
-            [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)])
+            [lambda s: add_to_server(servicer, s)])
         servers.append(server)
         return parameters, f"127.0.0.1:{port}"
 
@@ -319,7 +319,7 @@ def save_rpc(address, path, num_ps):
     channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
     try:
         request = pserver_pb2.SaveCheckpointRequest(path=path, num_ps=num_ps)
-        return pserver_pb2_grpc.PServerStub(channel).SaveCheckpoint(request)
+        return rpc.Stub(channel, tensor_stream.PSERVER).SaveCheckpoint(request)
     finally:
         channel.close()
 
@@ -393,7 +393,7 @@ def test_run_restores_before_serving_and_registering(tmp_path, monkeypatch, capl
     def keep_in_touch(config, address, parameters, master, stop):
         # What a worker finds once the shard has registered: the restored model.
         channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
-        stub = pserver_pb2_grpc.PServerStub(channel)
+        stub = rpc.Stub(channel, tensor_stream.PSERVER)
         seen["init"] = stub.InitModel(pserver_pb2.InitModelRequest(
             dense=[tensor_codec.encode(n, v) for n, v in initial_values(seed=3).items()],
             optimizer_config=optimizer_config("adam")))

@@ -12,9 +12,9 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common import rpc, tensor_codec
+from elastic_keras.common import rpc, tensor_codec, tensor_stream
 from elastic_keras.common.config import PSConfig
-from elastic_keras.proto import master_pb2, master_pb2_grpc, pserver_pb2, pserver_pb2_grpc
+from elastic_keras.proto import master_pb2, master_pb2_grpc, pserver_pb2
 from elastic_keras.ps import main as ps_main
 
 START_TIMEOUT_S = 60
@@ -119,7 +119,7 @@ def test_ps_registers_serves_reports_its_version_and_exits_when_job_finishes(mas
     assert host == "127.0.0.1" and int(port) > 0
 
     channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
-    stub = pserver_pb2_grpc.PServerStub(channel)
+    stub = rpc.Stub(channel, tensor_stream.PSERVER)
     assert not stub.PullDense(pserver_pb2.PullDenseRequest(known_version=-1)).initialized
     sgd = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(1.0)))
     stub.InitModel(pserver_pb2.InitModelRequest(

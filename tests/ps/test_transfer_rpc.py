@@ -8,13 +8,13 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common import rpc, tensor_codec, transfer_dtype
+from elastic_keras.common import chunking, rpc, tensor_codec, tensor_stream, transfer_dtype
 from elastic_keras.common.compression import CODEC_NAMES
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.common.tensor_stream import TransferOptions, push_parts
-from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
+from elastic_keras.proto import pserver_pb2
 from elastic_keras.ps.parameters import Parameters, TableConfig
-from elastic_keras.ps.servicer import PServerServicer
+from elastic_keras.ps.servicer import PServerServicer, add_to_server
 
 CHUNK = 64 << 10
 DTYPES = ("float32", "float16", "bfloat16")
@@ -88,12 +88,12 @@ def shard():
         parameters.init_model(list(initial.items()), SGD, [TABLE])
         servicer = RecordingServicer(parameters, options)
         server, port = rpc.create_server(
-            [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)])
+            [lambda s: add_to_server(servicer, s)])
         address = f"127.0.0.1:{port}"
         client = PSClient([address], deadline_s=30, transfer=options)
         channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
         made.append((server, client, channel))
-        return parameters, servicer, client, pserver_pb2_grpc.PServerStub(channel)
+        return parameters, servicer, client, rpc.Stub(channel, tensor_stream.PSERVER)
 
     yield make
     for server, client, channel in made:
@@ -203,19 +203,24 @@ def test_a_tensor_many_times_the_chunk_size_streams_in_chunks(shard):
 
 
 def _parts(compression="lz4", sequence=1, dtype="float32"):
-    """The parts of a streamed push of GRADS (and an assignment) by worker 2."""
+    """The frames of a streamed push of GRADS (and an assignment) by worker 2, decoded (their
+    chunks' bytes copied, so that a test may change them)."""
     options = TransferOptions(compression, CHUNK, dtype)
     header = pserver_pb2.PushHeader(
         worker_id=2, sequence=sequence,
         assign=[tensor_codec.encode("steps", np.array(9, np.int64))])
-    parts = list(push_parts(header, options.encode(GRADS.items()), options))
-    assert len(parts) > 3
-    return parts
+    frames = [chunking.decode_frame(raw, pserver_pb2.PushGradientsPart)
+              for raw in push_parts(header, options.encode(GRADS.items()), options)]
+    assert len(frames) > 3
+    return [chunking.Frame(f.message, [bytes(d) for d in f.data]) for f in frames]
 
 
 def _push_raw(stub, parts):
+    """Sends `parts` (frames, or bytes as they are) as a streamed push, which must fail with
+    INVALID_ARGUMENT; returns the error's details."""
+    sent = [p if isinstance(p, bytes) else chunking.encode_frame(p) for p in parts]
     with pytest.raises(grpc.RpcError) as info:
-        stub.PushGradientsStream(iter(parts))
+        stub.PushGradientsStream(iter(sent))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     return info.value.details()
 
@@ -237,12 +242,36 @@ def test_a_corrupt_chunk_rejects_the_whole_push(shard, compression):
     parameters, _, client, stub = shard(compression)
     before = shard_state(parameters)
     parts = _parts(compression)
-    chunk = parts[2].pieces[-1].chunk
-    data = bytearray(chunk.data)
+    data = bytearray(parts[2].data[-1])
     data[len(data) // 2] ^= 0x40
-    chunk.data = bytes(data)
-    assert "fails its CRC-32C check" in _push_raw(stub, parts)
+    parts[2].data[-1] = bytes(data)
+    assert "fails its checksum" in _push_raw(stub, parts)
     _assert_unchanged_then_sequence_still_free(parameters, client, before)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("not a frame", "holds its message (field 1) and its payload (field 2)"),
+    ("payload too short", "is cut short"),
+    ("payload too long", "chunks announce"),
+])
+def test_a_malformed_frame_rejects_the_whole_push(shard, fault, message):
+    parameters, _, client, stub = shard("none")
+    before = shard_state(parameters)
+    parts = _parts("none")
+    raw = chunking.encode_frame(parts[1])
+    parts[1] = {
+        "not a frame": lambda: b"\x18\x01" + raw,  # a field 3 before the frame's own
+        "payload too short": lambda: raw[:-1],
+        "payload too long": lambda: _with_longer_payload(raw),
+    }[fault]()
+    assert message in _push_raw(stub, parts)
+    _assert_unchanged_then_sequence_still_free(parameters, client, before)
+
+
+def _with_longer_payload(raw):
+    """`raw` (a frame) re-encoded with one more byte of payload than its chunks announce."""
+    frame = chunking.decode_frame(raw, pserver_pb2.PushGradientsPart)
+    return chunking.encode_frame(chunking.Frame(frame.message, [*frame.data, b"\x00"]))
 
 
 @pytest.mark.parametrize("dropped", ["middle", "last"])
@@ -267,11 +296,11 @@ def test_a_malformed_stream_rejects_the_whole_push(shard, fault, message):
     before = shard_state(parameters)
     parts = _parts("snappy")
     if fault == "no header":
-        parts[0].ClearField("header")
+        parts[0].message.ClearField("header")
     elif fault == "two headers":
-        parts[1].header.CopyFrom(parts[0].header)
+        parts[1].message.header.CopyFrom(parts[0].message.header)
     else:
-        header = next(p.header for p in parts[0].pieces if p.HasField("header"))
+        header = next(p.header for p in parts[0].message.pieces if p.HasField("header"))
         header.content_size += 4
     assert message in _push_raw(stub, parts)
     _assert_unchanged_then_sequence_still_free(parameters, client, before)
@@ -282,7 +311,8 @@ def test_a_duplicate_streamed_push_is_applied_once(shard):
     first = client.push_gradients(2, 7, [0], GRADS)[0]
     _, once = shard_state(parameters)
     again = client.push_gradients(2, 7, [0], GRADS)[0]
-    replayed = stub.PushGradientsStream(iter(_parts("lz4", sequence=7, dtype="bfloat16")))
+    replayed = stub.PushGradientsStream(
+        chunking.encode_frame(f) for f in _parts("lz4", sequence=7, dtype="bfloat16"))
     assert first.reason == "" and first.model_version == 1
     for response in (again, replayed):
         assert response.accepted and response.reason == "duplicate"

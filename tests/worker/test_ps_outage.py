@@ -17,9 +17,8 @@ from elastic_keras.common import rpc
 from elastic_keras.common.errors import PSError
 from elastic_keras.common.model_spec import ModelSpec
 from elastic_keras.common.ps_client import PSClient
-from elastic_keras.proto import pserver_pb2_grpc
 from elastic_keras.ps.parameters import Parameters
-from elastic_keras.ps.servicer import PServerServicer
+from elastic_keras.ps.servicer import PServerServicer, add_to_server
 from elastic_keras.worker import trainer as trainer_module
 from elastic_keras.worker.trainer import Trainer
 
@@ -40,7 +39,7 @@ def _spec():
 def _serve(parameters, port=0):
     servicer = PServerServicer(parameters)
     return rpc.create_server(
-        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)], port=port)
+        [lambda s: add_to_server(servicer, s)], port=port)
 
 
 class DyingParameters(Parameters):

@@ -13,12 +13,13 @@ from elastic_keras.common.model_spec import ModelSpec
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.layers import Embedding
 from elastic_keras.layers.lookup_context import (
-    LookupContext, lookup_context, merge_row_gradients,
+    LookupContext,
+    lookup_context,
+    merge_row_gradients,
 )
-from elastic_keras.proto import pserver_pb2_grpc
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
-from elastic_keras.ps.servicer import PServerServicer
+from elastic_keras.ps.servicer import PServerServicer, add_to_server
 from elastic_keras.worker.trainer import Trainer
 
 LR = 0.1
@@ -53,7 +54,7 @@ def test_two_sync_workers_equal_one_process_on_the_union():
     for _ in range(2):
         servicer = PServerServicer(Parameters(UpdatePolicy(grads_to_wait=2)))
         server, port = rpc.create_server(
-            [lambda s, sv=servicer: pserver_pb2_grpc.add_PServerServicer_to_server(sv, s)]
+            [lambda s, sv=servicer: add_to_server(sv, s)]
         )
         servers.append(server)
         addresses.append(f"127.0.0.1:{port}")

@@ -16,9 +16,8 @@ from elastic_keras.common.errors import PayloadError
 from elastic_keras.common.model_spec import ModelSpec
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.layers import Embedding
-from elastic_keras.proto import pserver_pb2_grpc
 from elastic_keras.ps.parameters import Parameters
-from elastic_keras.ps.servicer import PServerServicer
+from elastic_keras.ps.servicer import PServerServicer, add_to_server
 from elastic_keras.worker.trainer import Trainer
 
 DIM = 4
@@ -70,7 +69,7 @@ def shard():
     parameters = CountingParameters()
     servicer = PServerServicer(parameters)
     server, port = rpc.create_server(
-        [lambda s: pserver_pb2_grpc.add_PServerServicer_to_server(servicer, s)])
+        [lambda s: add_to_server(servicer, s)])
     client = PSClient([f"127.0.0.1:{port}"], deadline_s=30)
     yield parameters, client
     client.close()
