@@ -4,19 +4,20 @@ Dense variables are split across shards with `partition.dense_shard`; every call
 shards at once (gRPC futures) and waits for all of them.
 
 Pushes and dense pulls go unary or streamed (see `tensor_stream`), by one rule per shard:
-a payload that fits in one chunk (`--chunk-bytes`, counted in the transfer dtype) goes unary
-when the codec is "none"; anything larger, or with a codec, is streamed in compressed,
-checksummed chunks. The transfer dtype applies to both forms. A unary payload is neither
-compressed nor checksummed by us (TCP's and HTTP/2's checks only). A pull's size is not
-known before it comes: a shard's first pull is streamed, later ones go unary while the last
-one fitted in one chunk.
+a payload of at most `UNARY_MAX_BYTES` (and within one chunk, `--chunk-bytes`), counted in
+the transfer dtype, goes unary when the codec is "none" or "auto"; anything larger, or with
+snappy or lz4 asked for, is streamed in compressed, checksummed chunks. The transfer dtype
+applies to both forms. A unary payload is neither compressed nor checksummed by us (TCP's
+and HTTP/2's checks only): "auto" compresses only where that pays, and it never pays on so
+few bytes. A pull's size is not known before it comes: a shard's first pull is streamed,
+later ones go unary while the last one was small enough.
 
 Why (`python -m bench.transfer`, lines `transfer/streamed_*`: codec none, float32, a PS
-process on loopback, median ms unary -> streamed): a streaming call costs gRPC Python about
-0.5-1 ms more than a unary one, and within one chunk that is all that changes: 0.1 MB push
-5.3 -> 7.4, pull 1.9 -> 4.0; 1 MB push 7.9 -> 9.1, pull 6.1 -> 6.7. Past one chunk, chunks
-pipeline and no copy of the whole payload is made: 4.7 MB from even to twice as fast across
-runs (push 18-39 -> 17-19), 50 MB push 448 -> 153, pull 486 -> 118.
+process on loopback, median ms streamed vs unary): a streaming call costs gRPC Python about
+1-1.5 ms more than a unary one, which is all that counts for small payloads (10 KB push 4.1
+vs 2.4, 0.1 MB 5.4 vs 3.9), while a unary message copies its tensors into and out of
+protobuf fields and a stream's frames do not (1 MB push 5.7 vs 7.0, pull 4.6 vs 7.3; 2.1 MB
+push 7.7 vs 14.7; 4 MB pull 11.8 vs 25.2).
 
 Both forms are retried on UNAVAILABLE by the channel's policy only while gRPC still holds the
 whole request (256 KiB by default); a larger push that fails in flight raises, and resending
@@ -27,6 +28,9 @@ import numpy as np
 
 from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
 from elastic_keras.proto import pserver_pb2
+
+UNARY_MAX_BYTES = 256 << 10
+_UNARY_CODECS = ("none", "auto")
 
 # InitModel keeps the first model; pulls change nothing (a pulled embedding row is created
 # once, deterministically); a push carries (worker, sequence) and is applied at most once.
@@ -132,8 +136,7 @@ class PSClient:
     def _pull_unary(self, shard, full_precision):
         """Whether a dense pull from `shard` goes unary (see the module's rule)."""
         size = self._pull_bytes.get((shard, full_precision))
-        return (self.transfer.compression == "none" and size is not None
-                and size <= self.transfer.chunk_bytes)
+        return size is not None and self._fits_unary(size)
 
     def _split_ids(self, table, ids):
         """Per shard, the positions in `ids` of the ids that shard holds."""
@@ -211,8 +214,11 @@ class PSClient:
 
     def _push_unary(self, tensors):
         """Whether a push of these wire tensors goes unary (see the module's rule)."""
-        return (self.transfer.compression == "none"
-                and tensor_stream.payload_bytes(tensors) <= self.transfer.chunk_bytes)
+        return self._fits_unary(tensor_stream.payload_bytes(tensors))
+
+    def _fits_unary(self, size):
+        return (self.transfer.compression in _UNARY_CODECS
+                and size <= min(UNARY_MAX_BYTES, self.transfer.chunk_bytes))
 
     def pull_table(self, table, rows_per_chunk=0):
         """Every row of `table` that any shard holds: (ids, rows), in no particular order."""

@@ -116,11 +116,13 @@ def test_auto_skips_compressing_a_large_chunk_whose_samples_do_not_shrink(monkey
     assert auto.pack(rng.bytes(1 << 20))[0] == "none"
 
 
-def test_auto_needs_a_ten_percent_saving():
-    # About 5% zeros: snappy shrinks it a little, not enough to be worth it.
-    raw = bytes(5_000) + rng.bytes(95_000)
-    assert len(compression.get_codec("snappy").compress(raw)) < len(raw)
+def test_auto_needs_to_halve_a_chunk():
+    # 40% zeros: snappy shrinks it by about that much, not enough to be worth its time.
+    raw = bytes(40_000) + rng.bytes(60_000)
+    assert len(compression.get_codec("snappy").compress(raw)) < 0.7 * len(raw)
     assert compression.get_codec("auto").pack(raw)[0] == "none"
+    raw = bytes(60_000) + rng.bytes(40_000)
+    assert compression.get_codec("auto").pack(raw)[0] == "snappy"
 
 
 # ---------------------------------------------------------------- chunked streams

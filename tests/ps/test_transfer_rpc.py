@@ -10,7 +10,7 @@ import pytest
 
 from elastic_keras.common import chunking, rpc, tensor_codec, tensor_stream, transfer_dtype
 from elastic_keras.common.compression import CODEC_NAMES
-from elastic_keras.common.ps_client import PSClient
+from elastic_keras.common.ps_client import UNARY_MAX_BYTES, PSClient
 from elastic_keras.common.tensor_stream import TransferOptions, push_parts
 from elastic_keras.proto import pserver_pb2
 from elastic_keras.ps.parameters import Parameters, TableConfig
@@ -82,8 +82,8 @@ def shard():
     Returns (parameters, servicer, client, stub)."""
     made = []
 
-    def make(compression="auto", dtype="float32", initial=INITIAL):
-        options = TransferOptions(compression, CHUNK, dtype)
+    def make(compression="auto", dtype="float32", initial=INITIAL, chunk_bytes=CHUNK):
+        options = TransferOptions(compression, chunk_bytes, dtype)
         parameters = Parameters()
         parameters.init_model(list(initial.items()), SGD, [TABLE])
         servicer = RecordingServicer(parameters, options)
@@ -171,21 +171,34 @@ def test_a_full_precision_pull_is_exact(shard, dtype):
 
 
 @pytest.mark.parametrize("compression", CODEC_NAMES)
-def test_payloads_within_one_chunk_go_unary_only_without_compression(shard, compression):
+def test_small_payloads_go_unary_unless_snappy_or_lz4_is_asked_for(shard, compression):
     small = {"small/bias": INITIAL["small/bias"]}
     parameters, servicer, client, _ = shard(compression, "bfloat16", initial=small)
     client.push_gradients(0, 1, [0], {"small/bias": GRADS["small/bias"]})
     client.pull_dense()
     client.pull_dense()
-    streamed = compression != "none"
+    streamed = compression not in ("none", "auto")
     assert [name for name, _ in servicer.calls] == [
         "PushGradientsStream" if streamed else "PushGradients",
         "PullDenseStream",                                  # size not known yet
-        "PullDenseStream" if streamed else "PullDense",     # known to fit in one chunk
+        "PullDenseStream" if streamed else "PullDense",     # known to be small
     ]
     _, state = shard_state(parameters)
     np.testing.assert_array_equal(
         state["small/bias"], small["small/bias"] - rounded(GRADS["small/bias"], "bfloat16"))
+
+
+def test_a_payload_over_the_unary_bound_streams_even_within_one_chunk(shard):
+    big = {"big/kernel": INITIAL["big/kernel"]}  # 400 KB: over UNARY_MAX_BYTES, in 1 chunk
+    assert UNARY_MAX_BYTES < big["big/kernel"].nbytes < 1 << 20
+    parameters, servicer, client, _ = shard("none", initial=big, chunk_bytes=1 << 20)
+    client.push_gradients(0, 1, [0], {"big/kernel": GRADS["big/kernel"]})
+    client.pull_dense()
+    client.pull_dense()
+    assert [name for name, _ in servicer.calls] == ["PushGradientsStream"] + [
+        "PullDenseStream"] * 2
+    np.testing.assert_array_equal(shard_state(parameters)[1]["big/kernel"],
+                                  big["big/kernel"] - GRADS["big/kernel"])
 
 
 def test_a_tensor_many_times_the_chunk_size_streams_in_chunks(shard):
