@@ -541,6 +541,7 @@ class Master:
                     "trained_at_least_once": counts.trained_at_least_once,
                     "trained_more_than_once": counts.trained_more_than_once,
                     "trained_never": counts.total - counts.trained_at_least_once,
+                    "training_s": counts.training_s,
                 })
             if not failed and any(e["trained_never"] for e in epochs):
                 failed = True

@@ -77,12 +77,15 @@ class _Running:
 
 @dataclasses.dataclass(frozen=True)
 class EpochCounts:
-    """How many records of one epoch were trained never, once, or more than once."""
+    """How many records of one epoch were trained never, once, or more than once, and the
+    seconds from its first training task handed out to its last one done in this run (None
+    when it was not all trained in this run)."""
 
     epoch: int
     total: int
     trained_at_least_once: int
     trained_more_than_once: int
+    training_s: "float | None" = None
 
 
 class EvalRound(NamedTuple):
@@ -135,6 +138,7 @@ class TaskManager:
         self._round = None  # the open EvalRound
         self._epoch_evaluated = False  # an end-of-epoch round ended; next_epoch() is due
         self._slowest = {}  # TaskType -> seconds of the slowest completed task
+        self._epoch_span = {}  # epoch -> [first training task handed out, training done]
         self.epoch = -1
         self.tasks_done = 0
         self.tasks_failed = 0
@@ -188,7 +192,9 @@ class TaskManager:
             result = []
             for epoch, coverage in enumerate(self._coverage):
                 once, more = coverage.counts()
-                result.append(EpochCounts(epoch, self.records_per_epoch, once, more))
+                span = self._epoch_span.get(epoch, [None, None])
+                seconds = None if None in span else round(span[1] - span[0], 3)
+                result.append(EpochCounts(epoch, self.records_per_epoch, once, more, seconds))
             return result
 
     def progress(self):
@@ -249,6 +255,8 @@ class TaskManager:
                 task = self._eval_todo.pop(0)
             elif self._todo:
                 task = self._todo.pop(0)
+                if task.epoch not in self._epoch_span:
+                    self._epoch_span[task.epoch] = [time.monotonic(), None]
             else:
                 return None
             self._doing[task.task_id] = _Running(task, worker_id, time.monotonic())
@@ -345,6 +353,8 @@ class TaskManager:
                 self.tasks_done += 1
                 if task.type == TaskType.TRAINING:
                     self._epoch_done_records[task.epoch] += task.num_records
+                    if task.epoch == self.epoch and self._training_complete_locked():
+                        self._epoch_span[task.epoch][1] = time.monotonic()
                 took = time.monotonic() - running.started
                 self._slowest[task.type] = max(self._slowest.get(task.type, 0.0), took)
                 return task, "done"
@@ -535,6 +545,7 @@ class TaskManager:
         with self._lock:
             epoch = int(state["epoch"])
             self.epoch = epoch
+            self._epoch_span = {epoch: [None, None]}  # begun by an earlier run: not timed
             self._last_id = max(self._last_id, int(state["last_task_id"]))
             self._epoch_done_records = [int(n) for n in state["epoch_done_records"]]
             self._coverage = [Coverage.from_state(c) for c in state["coverage"]]

@@ -80,6 +80,7 @@ class Trainer:
         self._background = (concurrent.futures.ThreadPoolExecutor(1, "push-pull")
                             if self._overlap else None)
         self._pending = None  # the background push and pull of the previous step
+        self._after = []      # futures of `after_landed` calls not yet known to be done
         self._model = None
         self._trainable = {}
         self._fixed = {}
@@ -277,7 +278,7 @@ class Trainer:
             self._pull()
         computed_against = list(self._versions)
         loss, *payload = self._step(features, labels)
-        self.flush()  # the previous push is in and its pull assigned, after this step ran
+        self._land()  # the previous push is in and its pull assigned, after this step ran
         self._sequence += 1
         self._pending = self._background.submit(
             self._push_and_pull, self._sequence, computed_against, *payload
@@ -290,19 +291,49 @@ class Trainer:
         ))
         return responses, self._through_outages("a pull", self._ps.pull_dense)
 
+    def after_landed(self, call):
+        """Runs `call()` once every push made so far has landed, without waiting for that:
+        in overlapped training, on the background thread after the pending push, and not at
+        all if that push failed (its exception, or `call`'s, is raised by a later `flush` or
+        step); else at once."""
+        pending = self._pending
+        if pending is None:
+            call()
+            return
+
+        def when_landed():
+            _accepted(pending)  # done by now (one background thread, first come first run)
+            call()
+
+        self._after.append(self._background.submit(when_landed))
+
     def flush(self):
-        """Waits for the background push of the last step (overlapped training) to land.
+        """Waits for the background push of the last step (overlapped training) to land, and
+        for the `after_landed` calls made since.
 
         Raises:
-            PSError: a shard refused it.
+            PSError: a shard refused it. Whatever an `after_landed` call raised.
         """
+        self._land()
+        after, self._after = self._after, []
+        for future in after:
+            future.result()
+
+    def _land(self):
+        """Waits for the pending push and assigns its pull; raises what a finished
+        `after_landed` call raised."""
+        finished = [f for f in self._after if f.done()]
+        self._after = [f for f in self._after if not f.done()]
+        for future in finished:
+            future.result()
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        responses, pulled = pending.result()
-        refused = [r.reason for r in responses if not r.accepted]
-        if refused:
-            raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
+        try:
+            pulled = _accepted(pending)
+        except BaseException:
+            self._after = []  # they wait on this push: they fail with it, and are dropped
+            raise
         self._assign(*pulled)
 
     def evaluate(self, batches):
@@ -322,6 +353,19 @@ class Trainer:
             for metric in metrics.values():
                 metric.update_state(labels, predictions)
         return to_states(metrics or {})
+
+
+def _accepted(pending):
+    """The pull of a finished background push and pull, if every shard accepted the push.
+
+    Raises:
+        PSError: a shard refused it. Whatever the push or the pull raised.
+    """
+    responses, pulled = pending.result()
+    refused = [r.reason for r in responses if not r.accepted]
+    if refused:
+        raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
+    return pulled
 
 
 def _compile(fn, what):

@@ -3,6 +3,7 @@ import threading
 import pytest
 
 from elastic_keras.master.coverage import Coverage
+from elastic_keras.master import task_manager
 from elastic_keras.master.task_manager import TaskManager, TaskType
 
 
@@ -162,3 +163,17 @@ def test_coverage_counts(ranges, expected):
     for path, attempt, start, end in ranges:
         coverage.add(path, attempt, start, end)
     assert coverage.counts() == expected
+
+
+def test_each_epoch_counts_its_training_seconds(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(task_manager.time, "monotonic", lambda: now[0])
+    manager = TaskManager([("a", 20)], records_per_task=10, num_epochs=2, max_task_retries=0)
+    for start, first_done, last_done in ((10.0, 12.0, 13.25), (20.0, 21.0, 23.0)):
+        now[0] = start
+        tasks = [manager.get(0), manager.get(1)]
+        for task, at in zip(tasks, (first_done, last_done)):
+            now[0] = at
+            manager.report_result(task.task_id, task.num_records)
+        manager.next_epoch()
+    assert [c.training_s for c in manager.epoch_counts()] == [3.25, 3.0]

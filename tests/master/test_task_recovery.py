@@ -271,6 +271,8 @@ def test_state_round_trip_mid_epoch_with_running_and_partly_reported_tasks():
     assert restored.epoch_finished() == 1
     restored.next_epoch()
     assert restored.finished and not restored.failed
+    # Neither epoch was all trained by the restored manager: neither is timed.
+    assert [c.training_s for c in restored.epoch_counts()] == [None, None]
 
 
 def test_coverage_state_keeps_trained_once_and_more_than_once_exact():
