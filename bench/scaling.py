@@ -4,17 +4,16 @@
 
 - `scaling/table_rows`: one worker's training steps (the real `elastic_keras.worker`
   `Trainer`, overlapping push and pull with compute as a job does) against one PS process
-  whose two DeepFM tables (`fm_linear` dim 1, `fm_factors` dim 16, Adam slots) hold 1M,
-  then 10M, then (full run) 30M rows. The tables are filled between measurements by pulling
-  new ids, as training creates rows; the model's ids are hashed into the largest size, so
-  every measurement trains on the same 40 batches (after a pass over them that creates their
-  rows, and 5 more steps after each fill), the fastest of 3 passes. A step's cost should not grow with the table:
-  `peer` is the smallest table's figure and `ratio` this one over it. 100M rows would not fit
-  this machine (23 GB, shared): x 16 float32 with Adam's two slots they are 19 GB for
-  `fm_factors` alone, about 30 GB on the PS with the id maps and `fm_linear` (the PS holds
-  about 240 MB per million rows of dim 16 with Adam); with SGD (no slots) still about 15 GB.
-  So the full run stops at 30M rows (about 9 GB on the PS) and keeps Adam.
-  `config.ps_rss_mb` is the PS process's resident memory at that size.
+  whose two DeepFM tables (`fm_linear` dim 1, `fm_factors` dim 16) hold 1M, then 10M, then
+  (full run) 100M rows. The tables are filled between measurements by pulling new ids, as
+  training creates rows; the model's ids are hashed into the largest size, so every
+  measurement trains on the same 40 batches (after a pass over them that creates their rows,
+  and 5 more steps after each fill), the fastest of 3 passes. A step's cost should not grow
+  with the table: `peer` is the smallest table's figure and `ratio` this one over it. The
+  optimizer is SGD, which keeps no per-row slots: with Adam's two, 100M rows of dim 16 would
+  be 19 GB for `fm_factors` alone, about 30 GB on the PS with the id maps, more than this
+  machine's 23 GB; with SGD the PS holds about 14 GB at 100M rows. `config.ps_rss_mb` is
+  the PS process's resident memory at that size.
 - `scaling/workers`: elastic_keras DeepFM jobs (1M rows, 1 PS, batch 512) with 1, 2 and 4
   workers (full run only); `peer` is the 1-worker job, `ratio` the speed-up.
 
@@ -68,6 +67,7 @@ def tables_side(data, sizes):
     from elastic_keras.worker.trainer import Trainer
 
     os.environ[deepfm_hashed.ROWS_VARIABLE] = str(max(sizes))
+    os.environ[deepfm_hashed.OPTIMIZER_VARIABLE] = "sgd"
     spec = load_model_spec(str(ROOT), "bench.models.deepfm_hashed")
     batches = _batches(data, WARMUP_STEPS + STEPS)
     results = []
@@ -110,7 +110,7 @@ def measure_tables(data, sizes):
     first = result["results"][0]
     for row in result["results"]:
         config = {"rows": row["rows"], "hashed_into": max(sizes), "tables": TABLES,
-                  "optimizer": "adam", "batch": BATCH, "steps": STEPS, "workers": 1, "ps": 1,
+                  "optimizer": "sgd", "batch": BATCH, "steps": STEPS, "workers": 1, "ps": 1,
                   "ps_rss_mb": row["ps_rss_mb"], "fill_rows_per_s": row["fill_rows_per_s"]}
         emit("scaling/table_rows", config, row["value"], "examples/s",
              max(result["rss"], row["ps_peak_rss_mb"]), peer=f"{first['rows']} rows",
@@ -144,7 +144,7 @@ def run(quick, work_dir):
         emit("scaling/table_rows", {}, None, "examples/s", None, error=error)
         return
     measure_tables(data, [1_000_000, 10_000_000] if quick else [1_000_000, 10_000_000,
-                                                                 30_000_000])
+                                                                 100_000_000])
     if not quick:
         measure_workers(data, records, [1, 2, 4])
 

@@ -11,6 +11,8 @@ TensorFlow must. Records, loss (binary cross-entropy), optimizer (Adam, learning
 used. `build_model(rows, plain=True)` builds the same model with `keras.layers.Embedding`
 tables, for plain Keras `fit`. The number of rows is read from the environment variable
 `BENCH_TABLE_ROWS` (default 1,000,000), so that every role of a job builds the same model.
+`BENCH_OPTIMIZER=sgd` swaps the optimizer for SGD (learning rate 0.05), which keeps no
+per-row slots: what lets a 100M-row table fit a 23 GB machine (`bench.scaling`).
 """
 
 import os
@@ -21,10 +23,12 @@ import tensorflow as tf
 from elastic_keras.layers import Embedding
 from model_zoo.deepfm.deepfm import (  # noqa: F401 (the contract's other names)
     FACTOR_DIM, NUM_DENSE, NUM_FIELDS, FactorInteractions, LogCounts, dataset_fn,
-    eval_metrics_fn, loss, optimizer,
+    eval_metrics_fn, loss,
 )
+from model_zoo.deepfm.deepfm import optimizer as zoo_optimizer
 
 ROWS_VARIABLE = "BENCH_TABLE_ROWS"
+OPTIMIZER_VARIABLE = "BENCH_OPTIMIZER"
 DEFAULT_ROWS = 1_000_000
 FACTOR_STDDEV = 0.01
 
@@ -87,3 +91,10 @@ def build_model(rows, plain=False):
 def custom_model():
     """DeepFM over `BENCH_TABLE_ROWS`-row tables on the parameter servers."""
     return build_model(table_rows())
+
+
+def optimizer():
+    """The zoo module's Adam, or SGD when `BENCH_OPTIMIZER` is "sgd"."""
+    if os.environ.get(OPTIMIZER_VARIABLE, "adam") == "sgd":
+        return keras.optimizers.SGD(learning_rate=0.05)
+    return zoo_optimizer()

@@ -578,9 +578,10 @@ class Master:
                 "tasks_handed_back": self.tasks.tasks_handed_back if self.tasks else 0,
                 "checkpoints_written": self.checkpoints.written,
                 "last_checkpoint": self.checkpoints.last_path,
-                # A lost task attempt is retrained from its worker's last progress report,
-                # which lags by less than one reporting interval.
-                "duplicates_bound_per_lost_task": (self.config.progress_report_minibatches
+                # A lost task attempt is retrained from its worker's last progress report:
+                # at most a reporting interval of landed minibatches lies past it, plus the
+                # one whose push was in flight (it may land after its worker died).
+                "duplicates_bound_per_lost_task": ((self.config.progress_report_minibatches + 1)
                                                    * self.config.minibatch_size),
             },
         )

@@ -265,19 +265,26 @@ class EmbeddingTable:
     def _reserve(self, rows):
         """Makes room for `rows` rows, growing each array by at least `GROWTH`.
 
-        A grown array is a new one (numpy backs large ones with huge pages, which halves
-        the time of gathering random rows from a table of millions) with the rows copied
-        in. Each array is grown on its own, so a call that ran out of memory halfway leaves
-        a consistent table that the next call finishes growing.
+        Each array is checked on its own, so a call that ran out of memory halfway leaves a
+        consistent table that the next call finishes growing.
         """
         if rows <= self.capacity and all(len(a) >= rows for a in self._slots.values()):
             return
         shape = (max(rows, int(self.capacity * GROWTH), _MIN_CAPACITY), self.dim)
+        # `resize` extends a buffer in place (for large arrays usually without copying) when
+        # nothing else refers to the array. It counts references, so it is called on the
+        # attributes themselves, not through a helper's argument.
         if len(self._values) < rows:
-            self._values = _copy_grown(self._values, shape)
+            try:
+                self._values.resize(shape, refcheck=True)
+            except ValueError:
+                self._values = _copy_grown(self._values, shape)
         for name in self.slot_names:
             if len(self._slots[name]) < rows:
-                self._slots[name] = _copy_grown(self._slots[name], shape)
+                try:
+                    self._slots[name].resize(shape, refcheck=True)
+                except ValueError:
+                    self._slots[name] = _copy_grown(self._slots[name], shape)
 
 
 def _copy_grown(array, shape):

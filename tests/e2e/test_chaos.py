@@ -118,7 +118,7 @@ def test_a_job_survives_killed_workers_ps_and_master(mnist_records, tmp_path):
     assert [e["records"] for e in summary["epochs"]] == [4000] * EPOCHS
     assert all(e["trained_never"] == 0 for e in summary["epochs"])
     bound = summary["recovery"]["duplicates_bound_per_lost_task"]
-    assert bound == 4 * 64
+    assert bound == (4 + 1) * 64
     # Three SIGKILLed workers lost at most one task attempt each.
     assert sum(e["trained_more_than_once"] for e in summary["epochs"]) <= 3 * bound
     assert len(_complete_checkpoints(ckpt)) <= 3  # --keep-checkpoint-max
