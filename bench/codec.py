@@ -11,8 +11,8 @@ zeros (as after a ReLU or a sparse feature), and random float16 gradients (what
   Fixed codecs always run their algorithm; "auto" runs its policy (so on random data it
   mostly skips compressing); "none" is a copy. Decompression writes into a preallocated
   buffer, as `Codec.decompress_into` does.
-- `codec/ratio`: raw bytes / bytes on the wire (serialized stream messages).
-- `codec/stream`: the whole wire path, `split_tensors`, serializing and parsing every message,
+- `codec/ratio`: raw bytes / bytes on the wire (the stream's frames).
+- `codec/stream`: the whole wire path, `split_tensors`, encoding and decoding every frame,
   `join_tensors`, beside serializing and parsing the tensor as one unchunked message.
 
 Each time is the best of several runs.
@@ -26,7 +26,7 @@ import snappy
 
 from bench.common import emit, peak_rss_mb
 from elastic_keras.common import chunking, compression, tensor_codec, transfer_dtype
-from elastic_keras.proto import tensor_pb2, transfer_pb2
+from elastic_keras.proto import tensor_pb2
 
 CHUNK = chunking.DEFAULT_CHUNK_BYTES
 MB = 1e6
@@ -82,12 +82,12 @@ def _codec_rows(config, codec, raw, repeats):
 
 def _stream_rows(config, codec, wire, repeats):
     def round_trip():
-        sent = [m.SerializeToString() for m in chunking.split_tensors([wire], codec)]
-        joined = chunking.join_tensors(transfer_pb2.TransferMessage.FromString(m) for m in sent)
+        sent = [chunking.encode_frame(f) for f in chunking.split_tensors([wire], codec)]
+        joined = chunking.join_tensors(chunking.decode_frame(raw) for raw in sent)
         return sent, joined
 
-    stream_s, (sent, joined) = best_time(round_trip, repeats)
-    assert joined == [wire], "the stream did not give back the tensor sent"
+    stream_s, (sent, (joined,)) = best_time(round_trip, repeats)
+    assert bytes(joined.content) == wire.content, "the stream did not give back the tensor"
     peer_s, _ = best_time(lambda: tensor_pb2.Tensor.FromString(wire.SerializeToString()),
                           repeats)
     raw_bytes = len(wire.content)

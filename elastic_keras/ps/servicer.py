@@ -66,6 +66,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         self._parameters = parameters
         self._transfer = transfer
         self._ps_id = ps_id
+        self._first_push_applied = False
 
     def InitModel(self, request, context):
         with _abort_on_domain_errors(context, "InitModel"):
@@ -109,6 +110,10 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                     assign=_decode_all(header.assign),
                 )
             )
+        if result.accepted and not self._first_push_applied:
+            self._first_push_applied = True  # when training reaches this process: a log line
+            logger.info("Shard %d applied its first push (from worker %d): model version %d.",
+                        self._ps_id, header.worker_id, result.model_version)
         return pserver_pb2.PushGradientsResponse(
             accepted=result.accepted, model_version=result.model_version, reason=result.reason,
             stale=result.stale,

@@ -177,3 +177,16 @@ def test_a_real_pss_cluster_trains_and_leaves_no_process(tmp_path):
                 if pid.isdigit() and _alive(int(pid))
                 and "bench.pss" in open(f"/proc/{pid}/cmdline").read()]
     assert leftover == []
+
+
+def test_the_codec_benchmark_runs_the_wire_path(capsys, monkeypatch):
+    from bench import codec
+
+    monkeypatch.setattr(codec, "CHUNK", 64 << 10)
+    codec.run(quick=True)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    streams = [line for line in lines if line["name"] == "codec/stream"]
+    assert streams and all(line["value"] > 0 for line in streams)
+    ratios = {(r["config"]["payload"], r["config"]["codec"]): r["value"]
+              for r in lines if r["name"] == "codec/ratio"}
+    assert ratios[("zero90_float32", "lz4")] > 3 and ratios[("dense_float32", "none")] <= 1
