@@ -378,3 +378,17 @@ def serve_until_stdin_closes(servers_and_ports):
     sys.stdin.read()
     for server, _ in servers_and_ports:
         server.stop(0)
+
+
+def epoch_seconds(started, ends):
+    """Seconds of each epoch, from the start and the epochs' end times."""
+    return [end - start for start, end in zip([started, *ends], ends)]
+
+
+def steady_rate(records_per_epoch, seconds):
+    """Examples/s of the epochs after the first, from each epoch's seconds (None with one
+    epoch, or when one of them was not timed)."""
+    later = seconds[1:]
+    if not later or None in later:
+        return None
+    return records_per_epoch * len(later) / sum(later)

@@ -37,7 +37,8 @@ import time
 
 from bench import pss
 from bench.common import (
-    ROOT, attempt, emit, errors, mnist_records, peak_rss_mb, run_child, run_side, side_times,
+    ROOT, attempt, emit, epoch_seconds, errors, mnist_records, peak_rss_mb, run_child, run_side,
+    side_times, steady_rate,
 )
 
 # name -> (model zoo, model_def)
@@ -79,15 +80,7 @@ def fit_side(records, model, batch, epochs):
     elapsed = time.perf_counter() - started
     print(json.dumps({"value": records * epochs / elapsed, "rss": peak_rss_mb(),
                       "measured_s": round(elapsed, 1),
-                      "steady": _steady(records, [b - a for a, b in zip([started] + ends, ends)])}))
-
-
-def _steady(records, epoch_seconds):
-    """Examples/s of the epochs after the first (None with one epoch, or an untimed one)."""
-    later = epoch_seconds[1:]
-    if not later or None in later:
-        return None
-    return records * len(later) / sum(later)
+                      "steady": steady_rate(records, epoch_seconds(started, ends))}))
 
 
 def elastic_side(records, model, batch, epochs, workers):
@@ -106,7 +99,7 @@ def elastic_side(records, model, batch, epochs, workers):
     records = summary.epochs[0]["records"]
     print(json.dumps({"value": summary.examples_per_second, "rss": peak_rss_mb(),
                       "measured_s": summary.training_time_s,
-                      "steady": _steady(records, [e["training_s"] for e in summary.epochs])}))
+                      "steady": steady_rate(records, [e["training_s"] for e in summary.epochs])}))
 
 
 def pss_steps(records, batch):

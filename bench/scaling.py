@@ -123,7 +123,7 @@ def measure_workers(data, records, worker_counts):
     first = None
     for workers in worker_counts:
         result, error = attempt(f"deepfm job with {workers} workers", run_child,
-                                "bench.deepfm", "elastic", data, 1_000_000, 1, workers)
+                                "bench.deepfm", "elastic", data, 1_000_000, 1, 1, workers)
         value = result and result["value"]
         if first is None:
             first = value
