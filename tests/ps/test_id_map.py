@@ -98,5 +98,5 @@ def test_bytes_per_entry_stay_bounded():
     ids = IdMap()
     for size in (1000, 50_000, 200_000):
         ids.insert(np.arange(len(ids), size))
-        # int64 key + int32 slot = 12 bytes an entry, at a load between MAX_LOAD/2 and MAX_LOAD.
-        assert 12 / MAX_LOAD <= ids.nbytes / len(ids) <= 2 * 12 / MAX_LOAD
+        # int64 key + int64 slot = 16 bytes an entry, at a load between MAX_LOAD/2 and MAX_LOAD.
+        assert 16 / MAX_LOAD <= ids.nbytes / len(ids) <= 2 * 16 / MAX_LOAD
