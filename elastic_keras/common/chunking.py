@@ -133,6 +133,17 @@ def _split(tensors, codec, chunk_bytes, message_type):
         yield frame
 
 
+def one_frame(tensors, codec="auto", chunk_bytes=DEFAULT_CHUNK_BYTES,
+              message_type=transfer_pb2.TransferMessage):
+    """Every chunk of `tensors` in one `Frame`, for a unary RPC: the chunks `split_tensors`
+    makes (same arguments), however many, in one message."""
+    whole = Frame(message_type(), [])
+    for frame in split_tensors(tensors, codec, chunk_bytes, message_type):
+        whole.message.pieces.extend(frame.message.pieces)
+        whole.data.extend(frame.data)
+    return whole
+
+
 def _bytes_view(data):
     """A flat byte `memoryview` of `data` (so that `len` counts bytes and slicing copies
     nothing)."""

@@ -66,6 +66,8 @@ class PSClient:
         return len(self._stubs)
 
     def _all(self, method, requests):
+        if len(self._stubs) == 1:  # a blocking call costs less than a future
+            return [getattr(self._stubs[0], method)(requests[0])]
         calls = [getattr(stub, method).future(req) for stub, req in zip(self._stubs, requests)]
         return [call.result() for call in calls]
 
@@ -140,13 +142,16 @@ class PSClient:
 
     def _split_ids(self, table, ids):
         """Per shard, the positions in `ids` of the ids that shard holds."""
+        if self.num_ps == 1:
+            return [np.arange(len(ids))]
         shards = partition.embedding_shards(table, ids, self.num_ps)
         return [np.flatnonzero(shards == i) for i in range(self.num_ps)]
 
     def pull_embeddings(self, ids_by_table):
         """Rows of embedding tables: `{table: unique int64 ids}` -> `{table: [n, dim] rows}`.
 
-        Rows not yet on their shard are created there with the table's initializer.
+        Rows not yet on their shard are created there with the table's initializer. Rows
+        may be read-only (views of the answer, when one shard holds them all).
         """
         ids_by_table = {t: np.asarray(ids, dtype=np.int64) for t, ids in ids_by_table.items()}
         positions = {t: self._split_ids(t, ids) for t, ids in ids_by_table.items()}
@@ -160,12 +165,12 @@ class PSClient:
         responses = self._all("PullEmbedding", requests)
         result = {}
         for shard, response in enumerate(responses):
-            for table, rows in tensor_stream.decode_tensors(response.rows):
+            _, tensors = tensor_stream.read_embedding_frame(response)
+            for table, rows in tensor_stream.decode_tensors(tensors):
                 if len(positions[table][shard]) == ids_by_table[table].size == len(rows):
                     # One shard holds every id (as with one PS): its rows are in the caller's
-                    # order, so they need no scatter, only to be writable (not views of the
-                    # message).
-                    result[table] = rows if rows.flags.writeable else rows.copy()
+                    # order, so they need no scatter.
+                    result[table] = rows
                     continue
                 if table not in result:
                     result[table] = np.empty((len(ids_by_table[table]), rows.shape[1]),

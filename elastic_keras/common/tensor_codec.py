@@ -188,19 +188,21 @@ def decode(tensor):
             shape, or ids not matching the rows or outside the dense shape.
     """
     dtype, shape, expected = _content_layout(tensor)
+    # Each read of a message's bytes field copies them: read each field once.
+    content, id_bytes = tensor.content, tensor.ids
     _check(
-        len(tensor.content) == expected,
+        len(content) == expected,
         tensor,
         f"content must hold {expected} bytes for dtype {dtype.name} and shape {shape}",
-        f"{len(tensor.content)} bytes",
+        f"{len(content)} bytes",
     )
-    array = np.frombuffer(tensor.content, dtype=dtype).reshape(shape)
+    array = np.frombuffer(content, dtype=dtype).reshape(shape)
     if not tensor.dense_shape:
-        _check(not tensor.ids, tensor, "ids need a dense_shape", f"{len(tensor.ids)} id bytes")
+        _check(not id_bytes, tensor, "ids need a dense_shape", f"{len(id_bytes)} id bytes")
         return array
-    _check(len(tensor.ids) % 8 == 0, tensor, "ids must be whole int64 values",
-           f"{len(tensor.ids)} bytes")
-    ids = np.frombuffer(tensor.ids, dtype="<i8")
+    _check(len(id_bytes) % 8 == 0, tensor, "ids must be whole int64 values",
+           f"{len(id_bytes)} bytes")
+    ids = np.frombuffer(id_bytes, dtype="<i8")
     dense_shape = tuple(tensor.dense_shape)
     _check(len(shape) >= 1 and shape[0] == len(ids), tensor,
            "a sparse tensor needs one id per row", f"{len(ids)} ids for shape {shape}")

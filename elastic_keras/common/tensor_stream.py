@@ -4,7 +4,8 @@ A streamed push is a sequence of `PushGradientsPart`s: the first carries the `Pu
 (worker, sequence, model version, assigned values), and the parts' pieces carry the
 gradients as a transfer stream (see `chunking`). A streamed dense pull is a sequence of
 `PullDensePart`s: the first carries `initialized` and `model_version`, the pieces the
-shard's tensors. Each part travels as the bytes of a `TransferFrame` beside its chunks'
+shard's tensors. An embedding pull is answered with one `PullEmbeddingResponse`, its pieces
+the rows. Each part travels as the bytes of a `TransferFrame` beside its chunks'
 bytes: the RPCs send and receive those bytes as they are (see `rpc.add_servicer`). Reading
 either checks every piece and gives back nothing for a stream with any fault
 (`PayloadError`, which a shard answers with INVALID_ARGUMENT).
@@ -207,3 +208,24 @@ def read_pull(frames):
         raise PayloadError("A streamed pull answers with at least one part. "
                            "Received: an empty stream")
     return first.initialized, first.model_version, joiner.finish()
+
+
+def embedding_frame(model_version, tensors, options):
+    """The frame (`TransferFrame` bytes of one `PullEmbeddingResponse`) answering an
+    embedding pull with `tensors`, the rows of each table."""
+    frame = chunking.one_frame(tensors, options.compression, options.chunk_bytes,
+                               pserver_pb2.PullEmbeddingResponse)
+    frame.message.model_version = model_version
+    return chunking.encode_frame(frame)
+
+
+def read_embedding_frame(raw):
+    """`(model_version, [WireTensor])` of an embedding pull's answer (frame bytes).
+
+    Raises:
+        PayloadError: a malformed frame, or a corrupt, missing or reordered chunk.
+    """
+    frame = chunking.decode_frame(raw, pserver_pb2.PullEmbeddingResponse)
+    joiner = chunking.TensorJoiner()
+    joiner.add(frame)
+    return frame.message.model_version, joiner.finish()

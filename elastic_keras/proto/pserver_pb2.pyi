@@ -77,12 +77,12 @@ class PullEmbeddingRequest(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PullEmbeddingResponse(_message.Message):
-    __slots__ = ("rows", "model_version")
-    ROWS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("model_version", "pieces")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    rows: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
     model_version: int
-    def __init__(self, rows: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., model_version: _Optional[int] = ...) -> None: ...
+    pieces: _containers.RepeatedCompositeFieldContainer[_transfer_pb2.TransferPiece]
+    def __init__(self, model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ...) -> None: ...
 
 class PullTableRequest(_message.Message):
     __slots__ = ("table", "rows_per_chunk")

@@ -63,7 +63,7 @@ class PServerStub:
         self.PullEmbedding = channel.unary_unary(
                 '/elastic_keras.PServer/PullEmbedding',
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.SerializeToString,
-                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingResponse.FromString,
+                response_deserializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
                 _registered_method=True)
         self.PullTable = channel.unary_stream(
                 '/elastic_keras.PServer/PullTable',
@@ -112,7 +112,8 @@ class PServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PullEmbedding(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One frame of a PullEmbeddingResponse.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -160,7 +161,7 @@ def add_PServerServicer_to_server(servicer, server):
             'PullEmbedding': grpc.unary_unary_rpc_method_handler(
                     servicer.PullEmbedding,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.FromString,
-                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingResponse.SerializeToString,
+                    response_serializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
             ),
             'PullTable': grpc.unary_stream_rpc_method_handler(
                     servicer.PullTable,
@@ -334,7 +335,7 @@ class PServer:
             target,
             '/elastic_keras.PServer/PullEmbedding',
             elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.SerializeToString,
-            elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingResponse.FromString,
+            elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -130,10 +130,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
     def PullEmbedding(self, request, context):
         with _abort_on_domain_errors(context, "PullEmbedding"):
             rows, version = self._parameters.pull_embeddings(_decode_all(request.ids))
-        return pserver_pb2.PullEmbeddingResponse(
-            rows=[tensor_codec.to_message(t) for t in self._transfer.encode(rows.items())],
-            model_version=version,
-        )
+        return tensor_stream.embedding_frame(version, self._transfer.encode(rows.items()),
+                                             self._transfer)
 
     def PullTable(self, request, context):
         with _abort_on_domain_errors(context, "PullTable"):

@@ -140,3 +140,19 @@ def test_pull_parts_round_trip_and_an_empty_pull_stream_is_rejected():
         False, 0, []]
     with pytest.raises(PayloadError, match="at least one part"):
         tensor_stream.read_pull(iter([]))
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_an_embedding_answer_is_one_frame_of_many_chunks_and_checked(codec):
+    options = TransferOptions(codec, 1024)
+    rows = rng.standard_normal((100, 16)).astype(np.float32)  # 6400 bytes: 7 chunks
+    raw = tensor_stream.embedding_frame(
+        41, options.encode([("items", rows), ("users", np.zeros((0, 8), np.float32))]), options)
+    version, tensors = tensor_stream.read_embedding_frame(raw)
+    (items, got), (users, empty) = tensor_stream.decode_tensors(tensors)
+    assert (version, items, users, empty.shape) == (41, "items", "users", (0, 8))
+    np.testing.assert_array_equal(got, rows)
+    corrupt = bytearray(raw)
+    corrupt[-100] ^= 0xFF  # a byte of the last chunk
+    with pytest.raises(PayloadError, match="'items'.*checksum"):
+        tensor_stream.read_embedding_frame(bytes(corrupt))
