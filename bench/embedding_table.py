@@ -86,7 +86,7 @@ def run(quick, work_dir=None):
         seconds = best_seconds(lambda: table.rows(next(fresh)), repeats)
         emit("embedding/create_rows", {**config, "batch": BATCH, "ids": "distinct, new"},
              BATCH / seconds, "rows/s", peak_rss_mb())
-        del table
+        table = None  # frees the table before the next is filled
 
 
 def main():

@@ -207,8 +207,8 @@ class Master:
             logger.info("Job %s: master at %s; %d training records in %d files, %d tasks/epoch",
                         self.config.job_name, self._address, self.tasks.records_per_epoch,
                         len(self._shards), self.tasks.tasks_per_epoch)
-            self._launch()
-            self._loop()
+            if self._launch():
+                self._loop()
             self._training_ended_at = time.time()
             if not self.tasks.failed and not self._error and self.config.grads_to_wait:
                 self._wait_for_rounds()
@@ -279,7 +279,13 @@ class Master:
         )
 
     def _launch(self):
-        """Starts every role, then waits for the parameter servers to register."""
+        """Starts every role, then waits for the parameter servers to register; returns
+        whether the job can go on (if not, `_error` says why).
+
+        A role that exits meanwhile (killed, or its machine lost) is handled as during
+        training: relaunched within its budget. Workers learn the shards' addresses only
+        once all have registered, so a shard relaunched before that may take a new port.
+        """
         for ps_id in range(self.config.num_ps):
             self._start_ps(ps_id, restore_from=self._restore_from)
         for worker_id in range(self.config.num_workers):
@@ -287,17 +293,16 @@ class Master:
         deadline = time.monotonic() + PS_REGISTRATION_TIMEOUT_S
         while not self.membership.ps_addresses()[0]:
             for exit_ in self.engine.poll():
-                self._role_exits.append(exit_)
-                raise RuntimeError(
-                    f"{exit_.spec.name} exited with code {exit_.exit_code} before registering; "
-                    "see its log above"
-                )
+                self._on_role_exit(exit_)
+            if self._error:
+                return False
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"parameter servers did not register within {PS_REGISTRATION_TIMEOUT_S:.0f} s"
-                )
+                self._error = (f"the parameter servers did not all register within "
+                               f"{PS_REGISTRATION_TIMEOUT_S:.0f} s; see their logs")
+                return False
             time.sleep(0.05)
         self._ps_client = PSClient(self.membership.ps_addresses()[1])
+        return True
 
     def _loop(self):
         while True:
@@ -381,9 +386,9 @@ class Master:
         restore = self.checkpoints.latest() or self._restore_from
         self._start_ps(spec.index, port, restore)
         logger.warning(
-            "%s exited with code %d; relaunched it (%d of %d) at the same address, %s. "
-            "Workers wait for it.", spec.name, exit_.exit_code, self._relaunches[spec.name],
-            budget,
+            "%s exited with code %d; relaunched it (%d of %d) %s, %s. Workers wait for it.",
+            spec.name, exit_.exit_code, self._relaunches[spec.name], budget,
+            "at the same address" if port else "before every shard had registered",
             f"restoring {restore}" if restore else
             "with no checkpoint to restore: workers re-initialise its dense variables from "
             "their copies, and its embedding rows start again from their initial values",

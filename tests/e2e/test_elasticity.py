@@ -127,6 +127,33 @@ def test_a_preempted_worker_hands_its_task_back_and_is_replaced(digits_records, 
     assert summary["tasks_failed"] == 0 and summary["role_exits"][0]["exit_code"] == 0
 
 
+def _role_pid(job, role, index):
+    found = [pid for pid, cmd in job_processes(job).items()
+             if f"elastic_keras.{role} --{role}-id {index} " in cmd]
+    return found[0] if found else None
+
+
+def test_roles_killed_while_the_job_starts_are_relaunched(digits_records, tmp_path):
+    job, out = _job_name("startkill"), tmp_path / "out"
+    proc = start_cli(*_train_flags(job, out, digits_records / "train", num_workers=2,
+                                   num_ps=2, num_epochs=2),
+                     log_path=tmp_path / "job.log")
+    try:
+        # A PS takes seconds to import TensorFlow: killed as soon as it runs, it has not
+        # registered (the log line below says so); nor has the worker.
+        for role, index in (("ps", 1), ("worker", 0)):
+            pid = wait_for(lambda: _role_pid(job, role, index), 60, f"{role}-{index} started")
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        _finish(proc)
+    log = (tmp_path / "job.log").read_text()
+    assert proc.returncode == 0, log[-5000:]
+    assert "ps-1 exited with code -9; relaunched it (1 of 3) before every shard had" in log
+    summary = _summary(out)
+    assert summary["status"] == "succeeded" and _all_trained(summary), summary["epochs"]
+    assert summary["recovery"]["relaunches"] == {"ps-1": 1, "worker-0": 1}
+
+
 def test_a_hung_worker_is_killed_and_relaunched(digits_records, tmp_path):
     job, out = _job_name("hung"), tmp_path / "out"
     proc = start_cli(*_train_flags(job, out, digits_records / "train", num_workers=2,
