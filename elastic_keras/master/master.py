@@ -533,11 +533,21 @@ class Master:
                     self._role_exits.append(exit_)
             time.sleep(_TICK_S)
 
+    def _duplicates_bound(self):
+        """Records a lost task attempt may have trained that its next attempt trains again.
+
+        The attempt is retrained from its worker's last progress report: at most a reporting
+        interval of landed minibatches lies past it, plus the one whose push was in flight
+        (it may land after its worker died).
+        """
+        return (self.config.progress_report_minibatches + 1) * self.config.minibatch_size
+
     def _summary(self, started):
         now = time.time()
         train_started = self._first_task_at
         failed = bool(self._error) or self.tasks is None or self.tasks.failed
         epochs = []
+        bound = self._duplicates_bound()
         if self.tasks is not None:
             for counts in self.tasks.epoch_counts():
                 epochs.append({
@@ -545,6 +555,11 @@ class Master:
                     "records": counts.total,
                     "trained_at_least_once": counts.trained_at_least_once,
                     "trained_more_than_once": counts.trained_more_than_once,
+                    # Records trained past a lost task's last report are trained again
+                    # unseen: at most `bound` per lost task.
+                    "tasks_lost": counts.tasks_lost,
+                    "trained_more_than_once_at_most": (counts.trained_more_than_once
+                                                       + counts.tasks_lost * bound),
                     "trained_never": counts.total - counts.trained_at_least_once,
                     "training_s": counts.training_s,
                 })
@@ -581,12 +596,9 @@ class Master:
                 "resumed_from": self._resumed_from,
                 "relaunches": dict(sorted(self._relaunches.items())),
                 "tasks_handed_back": self.tasks.tasks_handed_back if self.tasks else 0,
+                "tasks_timed_out": self.tasks.tasks_timed_out if self.tasks else 0,
                 "checkpoints_written": self.checkpoints.written,
                 "last_checkpoint": self.checkpoints.last_path,
-                # A lost task attempt is retrained from its worker's last progress report:
-                # at most a reporting interval of landed minibatches lies past it, plus the
-                # one whose push was in flight (it may land after its worker died).
-                "duplicates_bound_per_lost_task": ((self.config.progress_report_minibatches + 1)
-                                                   * self.config.minibatch_size),
+                "duplicates_bound_per_lost_task": bound,
             },
         )

@@ -30,6 +30,7 @@ Example:
     tasks.report_result(task.task_id, 100)
 """
 
+import collections
 import dataclasses
 import enum
 import random
@@ -79,13 +80,19 @@ class _Running:
 class EpochCounts:
     """How many records of one epoch were trained never, once, or more than once, and the
     seconds from its first training task handed out to its last one done in this run (None
-    when it was not all trained in this run)."""
+    when it was not all trained in this run).
+
+    `tasks_lost` counts the epoch's training tasks taken from a worker that died or timed
+    out: each may have trained records past its last progress report, which are trained
+    again and which no report counts (see `recover_worker`).
+    """
 
     epoch: int
     total: int
     trained_at_least_once: int
     trained_more_than_once: int
     training_s: "float | None" = None
+    tasks_lost: int = 0
 
 
 class EvalRound(NamedTuple):
@@ -139,6 +146,7 @@ class TaskManager:
         self._epoch_evaluated = False  # an end-of-epoch round ended; next_epoch() is due
         self._slowest = {}  # TaskType -> seconds of the slowest completed task
         self._epoch_span = {}  # epoch -> [first training task handed out, training done]
+        self._lost = collections.Counter()  # epoch -> training tasks lost with their worker
         self.epoch = -1
         self.tasks_done = 0
         self.tasks_failed = 0
@@ -194,7 +202,8 @@ class TaskManager:
                 once, more = coverage.counts()
                 span = self._epoch_span.get(epoch, [None, None])
                 seconds = None if None in span else round(span[1] - span[0], 3)
-                result.append(EpochCounts(epoch, self.records_per_epoch, once, more, seconds))
+                result.append(EpochCounts(epoch, self.records_per_epoch, once, more, seconds,
+                                          self._lost[epoch]))
             return result
 
     def progress(self):
@@ -386,13 +395,22 @@ class TaskManager:
 
     def recover_worker(self, worker_id):
         """Re-queues every task held by `worker_id` (it is gone), counting no retry; returns
-        how many."""
+        how many.
+
+        Each resumes after the last record its worker reported; what the worker trained
+        after that report is trained again, unseen (counted in `EpochCounts.tasks_lost`).
+        """
         with self._lock:
             lost = [r for r in self._doing.values() if r.worker_id == worker_id]
             for running in lost:
                 del self._doing[running.task.task_id]
-                self._requeue(running, retry=False)
+                self._lose(running)
             return len(lost)
+
+    def _lose(self, running):
+        if running.task.type == TaskType.TRAINING:
+            self._lost[running.task.epoch] += 1
+        self._requeue(running, retry=False)
 
     # -- timeouts --------------------------------------------------------------------------
 
@@ -431,7 +449,7 @@ class TaskManager:
             if running is None:
                 return None
             self.tasks_timed_out += 1
-            self._requeue(running, retry=False)
+            self._lose(running)
             return running.worker_id
 
     # -- epochs and rounds -----------------------------------------------------------------
@@ -504,6 +522,7 @@ class TaskManager:
                              r.task.retries, list(r.task.origin)] for r in running],
                 "epoch_done_records": list(self._epoch_done_records),
                 "coverage": [coverage.state() for coverage in self._coverage],
+                "lost_tasks": {str(epoch): n for epoch, n in self._lost.items()},
                 "counters": {
                     "tasks_done": self.tasks_done,
                     "tasks_failed": self.tasks_failed,
@@ -549,6 +568,8 @@ class TaskManager:
             self._last_id = max(self._last_id, int(state["last_task_id"]))
             self._epoch_done_records = [int(n) for n in state["epoch_done_records"]]
             self._coverage = [Coverage.from_state(c) for c in state["coverage"]]
+            self._lost = collections.Counter(
+                {int(epoch): int(n) for epoch, n in dict(state.get("lost_tasks", {})).items()})
             counters = state["counters"]
             for name in ("tasks_done", "tasks_failed", "tasks_requeued", "tasks_handed_back",
                          "tasks_timed_out"):

@@ -119,8 +119,15 @@ def test_a_job_survives_killed_workers_ps_and_master(mnist_records, tmp_path):
     assert all(e["trained_never"] == 0 for e in summary["epochs"])
     bound = summary["recovery"]["duplicates_bound_per_lost_task"]
     assert bound == (4 + 1) * 64
-    # Three SIGKILLed workers lost at most one task attempt each.
+    # Three SIGKILLed workers lost at most one task attempt each (and a task held too long
+    # is lost too); what a lost attempt trained past its last report is trained again, at
+    # most `bound` records, which the summary's upper count adds.
+    lost = sum(e["tasks_lost"] for e in summary["epochs"])
+    assert lost <= 3 + summary["recovery"]["tasks_timed_out"]
     assert sum(e["trained_more_than_once"] for e in summary["epochs"]) <= 3 * bound
+    assert all(e["trained_more_than_once_at_most"]
+               == e["trained_more_than_once"] + e["tasks_lost"] * bound
+               for e in summary["epochs"])
     assert len(_complete_checkpoints(ckpt)) <= 3  # --keep-checkpoint-max
     # The account covers both runs: the first run's relaunches and deaths are kept.
     relaunches = summary["recovery"]["relaunches"]

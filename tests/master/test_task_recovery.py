@@ -75,6 +75,30 @@ def test_abandoned_task_is_handed_back_from_its_progress_without_failing():
     assert manager.tasks_done == 1 and manager.epoch_finished() == 0
 
 
+def test_tasks_lost_with_their_worker_are_counted_per_epoch_and_kept_in_the_state(clock):
+    manager = make(num_epochs=2, retries=1, shards=[("a", 12)], per_task=4)
+    died = manager.get(1)  # its worker dies: lost
+    manager.report_progress(died.task_id, 2)
+    assert manager.recover_worker(1) == 1
+    late = manager.get(2)  # held too long: lost
+    [(task_id, *_)] = manager.overdue(floor_s=1.0, now=5.0)
+    manager.requeue_overdue(task_id)
+    failed = manager.get(3)  # failed, and left: both report what landed, so not lost
+    manager.report_result(failed.task_id, 1, error="boom")
+    left = manager.get(4)
+    manager.report_result(left.task_id, 1, error="preempted", abandoned=True)
+    assert late.task_id == task_id
+    assert [c.tasks_lost for c in manager.epoch_counts()] == [2, 0]
+    drain(manager)
+    manager.next_epoch()
+    manager.get(5)
+    manager.recover_worker(5)
+    assert [c.tasks_lost for c in manager.epoch_counts()] == [2, 1]
+    restored = restore(manager.state(), shards=[("a", 12)], max_task_retries=1)
+    # The running task re-queued by the restore is not counted: no worker lost it.
+    assert [c.tasks_lost for c in restored.epoch_counts()] == [2, 1]
+
+
 def test_abandoned_evaluation_task_starts_over():
     manager = make(shards=[("a", 4)], eval_shards=[("v", 4)])
     drain(manager)
