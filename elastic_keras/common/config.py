@@ -201,6 +201,10 @@ class JobConfig:
         60.0, help="Seconds without a heartbeat after which a worker is taken for dead, "
         "stopped, its tasks re-queued and it is relaunched; 0: never."
     )
+    ps_heartbeat_timeout: float = _flag(
+        60.0, help="Seconds without a heartbeat after which a registered parameter server "
+        "is taken for hung, killed and relaunched (restoring its latest checkpoint); 0: never."
+    )
     task_timeout_floor: float = _flag(
         600.0, help="A task held longer than the larger of this many seconds and 3x the "
         "slowest completed task is re-queued and its worker restarted; 0: never."
@@ -219,7 +223,8 @@ class JobConfig:
                             "grads_to_wait", "max_staleness", "max_stale_retries",
                             "evaluation_steps", "checkpoint_steps", "keep_checkpoint_max",
                             "relaunch_on_worker_failure", "relaunch_on_ps_failure",
-                            "worker_heartbeat_timeout", "task_timeout_floor")
+                            "worker_heartbeat_timeout", "ps_heartbeat_timeout",
+                            "task_timeout_floor")
         if self.checkpoint_steps and not self.checkpoint_dir:
             raise ConfigError(
                 "--checkpoint-steps needs --checkpoint-dir. "

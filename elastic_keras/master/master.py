@@ -311,7 +311,7 @@ class Master:
             if self._error:
                 return
             self._apply_scale()
-            self._stop_unresponsive_workers()
+            self._stop_unresponsive_roles()
             epoch = self.tasks.epoch_finished()
             if epoch is not None:
                 logger.info("Epoch %d trained (model version %d)", epoch + 1, self.model_version)
@@ -375,6 +375,7 @@ class Master:
 
     def _on_ps_exit(self, exit_):
         spec = exit_.spec
+        self.membership.mark_ps_down(spec.index)
         budget = self.config.relaunch_on_ps_failure
         if self._relaunches[spec.name] >= budget:
             self._error = (f"{spec.name} exited with code {exit_.exit_code} and has been "
@@ -416,9 +417,16 @@ class Master:
                 logger.info("Scaled down: asked worker-%d to hand its task back and leave",
                             worker_id)
 
-    def _stop_unresponsive_workers(self):
-        """Kills workers that stopped heartbeating or hold a task past its timeout; their
-        exits are then handled like any other (tasks re-queued, worker relaunched)."""
+    def _stop_unresponsive_roles(self):
+        """Kills workers and parameter servers that stopped heartbeating, and workers that
+        hold a task past its timeout; their exits are then handled like any other (tasks
+        re-queued, the role relaunched)."""
+        ps_timeout = self.config.ps_heartbeat_timeout
+        for ps_id in self.membership.silent_ps(ps_timeout) if ps_timeout else ():
+            self.membership.mark_ps_down(ps_id)
+            logger.warning("ps-%d sent no heartbeat for %.0f s (--ps-heartbeat-timeout); "
+                           "killing it", ps_id, ps_timeout)
+            self.engine.kill(f"ps-{ps_id}")
         timeout = self.config.worker_heartbeat_timeout
         for worker_id in self.membership.silent_workers(timeout) if timeout else ():
             self.membership.forget_worker(worker_id)

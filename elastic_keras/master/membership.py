@@ -52,6 +52,21 @@ class Membership:
             return sorted(w for w in self._workers
                           if now - self._last_seen.get(("worker", w), now) > timeout_s)
 
+    def silent_ps(self, timeout_s):
+        """Registered shards not heard from for more than `timeout_s` seconds, leaving out
+        those marked down since they last registered."""
+        now = time.monotonic()
+        with self._lock:
+            return sorted(i for i in self._ps
+                          if now - self._last_seen.get(("ps", i), now) > timeout_s)
+
+    def mark_ps_down(self, ps_id):
+        """The shard's process is gone or being replaced: its replacement is not judged
+        silent before it registers (after restoring its checkpoint, however long that
+        takes)."""
+        with self._lock:
+            self._last_seen.pop(("ps", ps_id), None)
+
     def heartbeat(self, role, role_id):
         """Records a heartbeat; returns whether the role has registered with this master."""
         with self._lock:

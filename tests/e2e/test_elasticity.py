@@ -175,6 +175,32 @@ def test_a_hung_worker_is_killed_and_relaunched(digits_records, tmp_path):
     assert summary["recovery"]["relaunches"] == {"worker-1": 1}
 
 
+def test_a_hung_parameter_server_is_killed_and_relaunched_from_its_checkpoint(
+        digits_records, tmp_path):
+    job, out = _job_name("hungps"), tmp_path / "out"
+    proc = start_cli(*_train_flags(job, out, digits_records / "train", num_workers=2,
+                                   num_epochs=4, ps_heartbeat_timeout=6,
+                                   checkpoint_dir=tmp_path / "ckpt", checkpoint_steps=10),
+                     log_path=tmp_path / "job.log")
+    try:
+        wait_for(lambda: (tmp_path / "ckpt").is_dir() and any(
+            (p / "MANIFEST.json").exists() for p in (tmp_path / "ckpt").iterdir()),
+            180, "a checkpoint")
+        pid = _role_pid(job, "ps", 0)
+        os.kill(pid, signal.SIGSTOP)  # alive but silent: the workers' calls to it hang
+        wait_for(lambda: _role_pid(job, "ps", 0) not in (None, pid), 90, "ps-0 replaced")
+    finally:
+        _finish(proc)
+    log = (tmp_path / "job.log").read_text()
+    assert proc.returncode == 0, log[-5000:]
+    assert "ps-0 sent no heartbeat for 6 s" in log
+    assert "relaunched it (1 of 3) at the same address, restoring" in log
+    summary = _summary(out)
+    assert summary["status"] == "succeeded" and _all_trained(summary), summary["epochs"]
+    assert {"role": "ps-0", "exit_code": -signal.SIGKILL} in summary["role_exits"]
+    assert summary["recovery"]["relaunches"] == {"ps-0": 1}
+
+
 def test_a_job_starts_from_a_checkpoint_on_more_parameter_servers(digits_records, tmp_path):
     first, ckpt = tmp_path / "first", tmp_path / "ckpt"
     job = _job_name("ckpt")

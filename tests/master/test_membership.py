@@ -1,0 +1,34 @@
+"""Membership: who is silent, and a replaced shard not judged before it registers again."""
+
+from elastic_keras.master import membership as membership_module
+from elastic_keras.master.membership import Membership
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def monotonic(self):
+        return self.now
+
+
+def test_silent_shards_and_workers_and_a_replaced_shard_waits_for_its_registration(
+        monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(membership_module, "time", clock)
+    members = Membership(num_ps=2)
+    members.register_ps(0, "127.0.0.1:1")
+    members.register_ps(1, "127.0.0.1:2")
+    members.register_worker(0)
+    clock.now += 5
+    members.heartbeat("ps", 1)
+    clock.now += 3
+    assert members.silent_ps(6) == [0] and members.silent_workers(6) == [0]
+    assert members.silent_ps(0) == [0, 1] and members.silent_ps(8) == []
+    members.mark_ps_down(0)  # being replaced: however long its restore takes
+    clock.now += 600
+    assert members.silent_ps(6) == [1]
+    assert members.ps_addresses() == (True, ["127.0.0.1:1", "127.0.0.1:2"])  # same address
+    members.register_ps(0, "127.0.0.1:1")
+    clock.now += 7
+    assert members.silent_ps(6) == [0, 1]
