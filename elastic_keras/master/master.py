@@ -421,18 +421,15 @@ class Master:
         """Kills workers and parameter servers that stopped heartbeating, and workers that
         hold a task past its timeout; their exits are then handled like any other (tasks
         re-queued, the role relaunched)."""
-        ps_timeout = self.config.ps_heartbeat_timeout
-        for ps_id in self.membership.silent_ps(ps_timeout) if ps_timeout else ():
-            self.membership.mark_ps_down(ps_id)
-            logger.warning("ps-%d sent no heartbeat for %.0f s (--ps-heartbeat-timeout); "
-                           "killing it", ps_id, ps_timeout)
-            self.engine.kill(f"ps-{ps_id}")
-        timeout = self.config.worker_heartbeat_timeout
-        for worker_id in self.membership.silent_workers(timeout) if timeout else ():
-            self.membership.forget_worker(worker_id)
-            logger.warning("worker-%d sent no heartbeat for %.0f s (--worker-heartbeat-timeout);"
-                           " killing it", worker_id, timeout)
-            self.engine.kill(f"worker-{worker_id}")
+        for role, timeout, forget in (
+                ("ps", self.config.ps_heartbeat_timeout, self.membership.mark_ps_down),
+                ("worker", self.config.worker_heartbeat_timeout,
+                 self.membership.forget_worker)):
+            for index in self.membership.silent(role, timeout) if timeout else ():
+                forget(index)
+                logger.warning("%s-%d sent no heartbeat for %.0f s (--%s-heartbeat-timeout); "
+                               "killing it", role, index, timeout, role)
+                self.engine.kill(f"{role}-{index}")
         for task_id, worker_id, held_s in self.tasks.overdue(self.config.task_timeout_floor):
             self.tasks.requeue_overdue(task_id)
             logger.warning("worker-%d has held task %d for %.0f s, past the task timeout; "

@@ -45,20 +45,15 @@ class Membership:
             self._workers.discard(worker_id)
             self._last_seen.pop(("worker", worker_id), None)
 
-    def silent_workers(self, timeout_s):
-        """Registered workers not heard from for more than `timeout_s` seconds."""
+    def silent(self, role, timeout_s):
+        """Ids of the registered roles of type `role` ("ps" or "worker") not heard from for
+        more than `timeout_s` seconds, leaving out shards marked down since they last
+        registered."""
         now = time.monotonic()
         with self._lock:
-            return sorted(w for w in self._workers
-                          if now - self._last_seen.get(("worker", w), now) > timeout_s)
-
-    def silent_ps(self, timeout_s):
-        """Registered shards not heard from for more than `timeout_s` seconds, leaving out
-        those marked down since they last registered."""
-        now = time.monotonic()
-        with self._lock:
-            return sorted(i for i in self._ps
-                          if now - self._last_seen.get(("ps", i), now) > timeout_s)
+            registered = self._ps if role == "ps" else self._workers
+            return sorted(i for i in registered
+                          if now - self._last_seen.get((role, i), now) > timeout_s)
 
     def mark_ps_down(self, ps_id):
         """The shard's process is gone or being replaced: its replacement is not judged

@@ -41,9 +41,9 @@ def _all_trained(summary):
     return all(e["records"] == RECORDS and e["trained_never"] == 0 for e in summary["epochs"])
 
 
-def _worker_pid(job, index):
+def _role_pid(job, role, index):
     found = [pid for pid, cmd in job_processes(job).items()
-             if f"elastic_keras.worker --worker-id {index} " in cmd]
+             if f"elastic_keras.{role} --{role}-id {index} " in cmd]
     return found[0] if found else None
 
 
@@ -72,12 +72,13 @@ def test_scaling_down_and_up_while_the_job_runs(digits_records, tmp_path):
         assert down.returncode == 0, down.stderr
         assert "workers 3 -> 1" in down.stderr
         # The highest ids leave: they hand their task back and exit 0 within the grace.
-        wait_for(lambda: _worker_pid(job, 1) is None and _worker_pid(job, 2) is None, 60,
+        wait_for(lambda: (_role_pid(job, "worker", 1) is None
+                          and _role_pid(job, "worker", 2) is None), 60,
                  "worker-1 and worker-2 to leave")
-        assert _worker_pid(job, 0) is not None
+        assert _role_pid(job, "worker", 0) is not None
         up = run_cli("scale", "--job-name", job, "--num-workers", 2, timeout=60)
         assert up.returncode == 0, up.stderr
-        wait_for(lambda: _worker_pid(job, 3), 60, "the added worker-3")
+        wait_for(lambda: _role_pid(job, "worker", 3), 60, "the added worker-3")
         assert proc.poll() is None, "the job ended before it was scaled back up"
     finally:
         _finish(proc)
@@ -107,9 +108,9 @@ def test_a_preempted_worker_hands_its_task_back_and_is_replaced(digits_records, 
                      log_path=tmp_path / "job.log")
     try:
         wait_for(lambda: _training(out, 0), 180, "worker-0 training")
-        pid = _worker_pid(job, 0)
+        pid = _role_pid(job, "worker", 0)
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: _worker_pid(job, 0) not in (None, pid), 60, "worker-0 replaced")
+        wait_for(lambda: _role_pid(job, "worker", 0) not in (None, pid), 60, "worker-0 replaced")
     finally:
         _finish(proc)
     log = (tmp_path / "job.log").read_text()
@@ -125,12 +126,6 @@ def test_a_preempted_worker_hands_its_task_back_and_is_replaced(digits_records, 
     else:
         assert "told to stop; leaving" in worker_log
     assert summary["tasks_failed"] == 0 and summary["role_exits"][0]["exit_code"] == 0
-
-
-def _role_pid(job, role, index):
-    found = [pid for pid, cmd in job_processes(job).items()
-             if f"elastic_keras.{role} --{role}-id {index} " in cmd]
-    return found[0] if found else None
 
 
 def test_roles_killed_while_the_job_starts_are_relaunched(digits_records, tmp_path):
@@ -161,9 +156,9 @@ def test_a_hung_worker_is_killed_and_relaunched(digits_records, tmp_path):
                      log_path=tmp_path / "job.log")
     try:
         wait_for(lambda: _training(out, 1), 180, "worker-1 training")
-        pid = _worker_pid(job, 1)
+        pid = _role_pid(job, "worker", 1)
         os.kill(pid, signal.SIGSTOP)  # alive but silent, as a hung process is
-        wait_for(lambda: _worker_pid(job, 1) not in (None, pid), 90, "worker-1 replaced")
+        wait_for(lambda: _role_pid(job, "worker", 1) not in (None, pid), 90, "worker-1 replaced")
     finally:
         _finish(proc)
     log = (tmp_path / "job.log").read_text()

@@ -23,12 +23,12 @@ def test_silent_shards_and_workers_and_a_replaced_shard_waits_for_its_registrati
     clock.now += 5
     members.heartbeat("ps", 1)
     clock.now += 3
-    assert members.silent_ps(6) == [0] and members.silent_workers(6) == [0]
-    assert members.silent_ps(0) == [0, 1] and members.silent_ps(8) == []
+    assert members.silent("ps", 6) == [0] and members.silent("worker", 6) == [0]
+    assert members.silent("ps", 0) == [0, 1] and members.silent("ps", 8) == []
     members.mark_ps_down(0)  # being replaced: however long its restore takes
     clock.now += 600
-    assert members.silent_ps(6) == [1]
+    assert members.silent("ps", 6) == [1]
     assert members.ps_addresses() == (True, ["127.0.0.1:1", "127.0.0.1:2"])  # same address
     members.register_ps(0, "127.0.0.1:1")
     clock.now += 7
-    assert members.silent_ps(6) == [0, 1]
+    assert members.silent("ps", 6) == [0, 1]
