@@ -6,6 +6,9 @@
   id map, allocated capacity included) and the resident-memory growth per row, for a table
   filled batch by batch as training fills it; the raw bytes are `dim * 4 * 3`.
 - `embedding/rows`: `rows()` of 64k distinct ids already in the table, rows per second.
+  The peer, `memory_gather`, is the memory's own limit for that access pattern: `np.take`
+  of 64k random rows from a plain array of the table's shape (the gather alone, without
+  the id lookup that finds the rows).
 - `embedding/apply_adam`: `apply()` of 64k distinct ids with Adam, rows per second.
 - `embedding/create_rows`: `rows()` of 64k new ids (initialisation and insertion).
 
@@ -74,8 +77,13 @@ def run(quick, work_dir=None):
         step = iter(range(1, 10**9))
         pulls = iter(batches)
         seconds = best_seconds(lambda: table.rows(next(pulls)), repeats)
+        plain = np.full((num_rows, DIM), 1.0, np.float32)
+        positions = iter(rng.integers(0, num_rows, (repeats, BATCH)))
+        peer_seconds = best_seconds(lambda: np.take(plain, next(positions), axis=0), repeats)
+        plain = None
         emit("embedding/rows", {**config, "batch": BATCH, "ids": "distinct, present"},
-             BATCH / seconds, "rows/s", peak_rss_mb())
+             BATCH / seconds, "rows/s", peak_rss_mb(), peer="memory_gather",
+             peer_value=BATCH / peer_seconds)
         pushes = iter(batches)
         seconds = best_seconds(lambda: table.apply(next(pushes), grads, optimizer, next(step)),
                                repeats)
