@@ -246,6 +246,12 @@ class JobConfig:
                 "--max-staleness and --lr-staleness-modulation apply to asynchronous training "
                 f"only. Received: them with --grads-to-wait {self.grads_to_wait}"
             )
+        if self.grads_to_wait > self.num_workers:
+            raise ConfigError(
+                "--grads-to-wait must be at most --num-workers: a round waits for that many "
+                f"workers' pushes. Received: --grads-to-wait {self.grads_to_wait} with "
+                f"--num-workers {self.num_workers}"
+            )
         if self.sync_round_timeout_s <= 0:
             raise ConfigError(
                 f"--sync-round-timeout-s must be positive. Received: {self.sync_round_timeout_s}"

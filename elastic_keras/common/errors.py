@@ -35,6 +35,15 @@ class PSError(ElasticKerasError):
     """A parameter server refused a request (e.g. gradients for an unknown variable)."""
 
 
+class PushRefused(PSError):
+    """A worker gave up on a minibatch: `dropped` maps each shard that never applied it (by
+    index) to why; the other shards applied it once."""
+
+    def __init__(self, message, dropped):
+        super().__init__(message)
+        self.dropped = dict(dropped)
+
+
 class NotReadyError(ElasticKerasError):
     """The peer is not ready yet (e.g. the model is not initialised): wait and retry."""
 

@@ -46,23 +46,31 @@ class MasterClient:
     def get_task(self, worker_id):
         return self._stub.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id)).task
 
-    def report_progress(self, worker_id, task_id, records_done, loss, model_version):
+    def report_progress(self, worker_id, task_id, records_done, loss, model_version,
+                        minibatches=0):
+        """`records_done` and `minibatches` count from the task's start (a retried report
+        changes nothing)."""
         self._stub.ReportProgress(
             master_pb2.ReportProgressRequest(
                 worker_id=worker_id, task_id=task_id, records_done=records_done,
-                loss=loss, model_version=model_version,
+                loss=loss, model_version=model_version, minibatches=minibatches,
             )
         )
 
     def report_task_result(self, worker_id, task_id, records_done, error="", loss=0.0,
-                           model_version=0, metric_states=(), abandoned=False, timeout_s=None):
+                           model_version=0, metric_states=(), abandoned=False, timeout_s=None,
+                           minibatches=0, dropped=None):
         """Ends a task; `abandoned` hands it back (the worker is leaving) after
-        `records_done` records, without counting a failure."""
+        `records_done` records, without counting a failure. `minibatches` counts the
+        attempt's settled minibatches, `dropped` maps shards that never applied one of them
+        to why."""
         self._stub.ReportTaskResult(
             master_pb2.ReportTaskResultRequest(
                 worker_id=worker_id, task_id=task_id, error=error, records_done=records_done,
                 loss=loss, model_version=model_version, metric_states=list(metric_states),
-                abandoned=abandoned,
+                abandoned=abandoned, minibatches=minibatches,
+                dropped=[master_pb2.DroppedPushes(ps_id=ps_id, reason=reason, count=1)
+                         for ps_id, reason in (dropped or {}).items()],
             ),
             timeout=timeout_s,
         )
@@ -74,12 +82,12 @@ class MasterClient:
         )
 
     def report_version(self, ps_id, model_version, staleness_counts=(), stale_rejections=0,
-                       pending_pushes=0):
+                       pending_pushes=0, applied_pushes=None):
         self._stub.ReportVersion(
             master_pb2.ReportVersionRequest(
                 ps_id=ps_id, model_version=model_version,
                 staleness_counts=list(staleness_counts), stale_rejections=stale_rejections,
-                pending_pushes=pending_pushes,
+                pending_pushes=pending_pushes, applied_pushes=applied_pushes or {},
             )
         )
 

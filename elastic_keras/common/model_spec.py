@@ -30,6 +30,7 @@ from typing import Any
 import keras
 
 from elastic_keras.common.errors import ModelSpecError
+from elastic_keras.common.optimizer_contract import check_optimizer
 
 
 class Mode(str, enum.Enum):
@@ -104,6 +105,10 @@ class ModelSpec:
         optimizer = self._call("optimizer", self.optimizer)
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise self._wrong_return("optimizer", "a keras.optimizers.Optimizer", optimizer)
+        try:
+            check_optimizer(optimizer)
+        except ModelSpecError as exc:
+            raise ModelSpecError(f"Model module '{self.module_name}': {exc}") from exc
 
         model_fn = getattr(self.custom_model, "__name__", "custom_model")
         model = self._call(model_fn, self.custom_model)

@@ -71,13 +71,14 @@ class PSClient:
         calls = [getattr(stub, method).future(req) for stub, req in zip(self._stubs, requests)]
         return [call.result() for call in calls]
 
-    def init_model(self, dense, optimizer_config, tables=()):
+    def init_model(self, dense, optimizer_config, tables=(), options=()):
         """Offers initial values `{name: array}` to their shards; returns each shard's version.
 
         Args:
             dense: `{name: array}` of every dense variable.
             optimizer_config: JSON of `keras.optimizers.serialize(optimizer)`.
             tables: `EmbeddingTableSpec` messages; every shard holds part of every table.
+            options: `VariableOptions` messages of the dense variables.
 
         A shard that already holds a model keeps it.
         """
@@ -87,12 +88,14 @@ class PSClient:
                 dense=[tensor_codec.encode(n, v) for n, v in shard.items()],
                 optimizer_config=optimizer_config,
                 embedding_tables=list(tables),
+                variables=[o for o in options if o.name in shard],
             )
             for shard in shards
         ]
         return [r.model_version for r in self._all("InitModel", requests)]
 
-    def pull_dense(self, known_versions=None, min_versions=None, full_precision=False):
+    def pull_dense(self, known_versions=None, min_versions=None, full_precision=False,
+                   averaged=False):
         """Pulls the dense variables of every shard.
 
         Args:
@@ -101,6 +104,8 @@ class PSClient:
             min_versions: per shard, wait until the shard reaches this version (synchronous
                 training), up to the call's deadline.
             full_precision: ask for float32 whatever the shards' transfer dtype (an export).
+            averaged: the optimizer's moving averages in place of trainable values, where it
+                keeps them (`use_ema`; an export).
 
         Returns:
             (initialized, versions, values): whether every shard holds a model, each shard's
@@ -115,7 +120,8 @@ class PSClient:
         calls = []
         for shard, (stub, k, m) in enumerate(zip(self._stubs, known, least)):
             request = pserver_pb2.PullDenseRequest(known_version=k, min_version=m,
-                                                   full_precision=full_precision)
+                                                   full_precision=full_precision,
+                                                   averaged=averaged)
             if self._pull_unary(shard, full_precision):
                 calls.append((False, stub.PullDense.future(request)))
             else:
@@ -181,20 +187,25 @@ class PSClient:
                 result[table] = np.zeros((0, 0), np.float32)
         return result
 
-    def push_gradients(self, worker_id, sequence, versions, gradients, assign=None,
-                       embedding_grads=None):
-        """Pushes gradients to every shard, in the transfer dtype, unary or streamed.
+    def push_gradients(self, worker_id, sequence, versions, gradients, deltas=None,
+                       embedding_grads=None, shards=None):
+        """Pushes a minibatch's gradients to the shards, in the transfer dtype, unary or
+        streamed.
 
         Args:
+            sequence: the minibatch's sequence number (per worker, increasing).
             gradients: `{name: gradient}` of dense variables (arrays or IndexedSlices).
-            assign: `{name: value}` of non-trainable variables (sent as they are).
+            deltas: `{name: array}`: what the step changed in non-trainable variables (sent
+                as they are).
             embedding_grads: `{table: (unique ids, [n, dim] gradient rows)}`.
+            shards: the shards to push to (default: all); the others get nothing.
 
         Returns:
-            The shards' `PushGradientsResponse`s, in shard order.
+            The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
         """
+        shards = range(self.num_ps) if shards is None else shards
         grads = partition.split_dense(gradients, self.num_ps)
-        assigns = partition.split_dense(assign or {}, self.num_ps)
+        deltas = partition.split_dense(deltas or {}, self.num_ps)
         pairs = [list(grads[i].items()) for i in range(self.num_ps)]
         for table, (ids, rows) in (embedding_grads or {}).items():
             ids = np.asarray(ids, dtype=np.int64)
@@ -202,20 +213,21 @@ class PSClient:
                 if len(where):
                     pairs[shard].append((table, tensor_codec.Slices(
                         rows[where], ids[where], (0, rows.shape[1]))))
-        calls = []
-        for i, stub in enumerate(self._stubs):
+        calls = {}
+        for i in shards:
+            stub = self._stubs[i]
             tensors = self.transfer.encode(pairs[i])
             header = dict(worker_id=worker_id, sequence=sequence, model_version=versions[i],
-                          assign=[tensor_codec.encode(n, v) for n, v in assigns[i].items()])
+                          deltas=[tensor_codec.encode(n, v) for n, v in deltas[i].items()])
             if self._push_unary(tensors):
                 request = pserver_pb2.PushGradientsRequest(
                     gradients=[tensor_codec.to_message(t) for t in tensors], **header)
-                calls.append(stub.PushGradients.future(request))
+                calls[i] = stub.PushGradients.future(request)
             else:
                 parts = tensor_stream.push_parts(pserver_pb2.PushHeader(**header), tensors,
                                                  self.transfer)
-                calls.append(stub.PushGradientsStream.future(parts))
-        return [call.result() for call in calls]
+                calls[i] = stub.PushGradientsStream.future(parts)
+        return [calls[i].result() if i in calls else None for i in range(self.num_ps)]
 
     def _push_unary(self, tensors):
         """Whether a push of these wire tensors goes unary (see the module's rule)."""

@@ -43,7 +43,8 @@ def export_saved_model(spec, ps_client, features, path, embedding_threshold_para
     model(features, training=False)
     tables = ps_tables(model, embedding_threshold_params)
     replaced = {id(v) for table in tables for v in table.replaced_variables}
-    initialized, _, values = ps_client.pull_dense(full_precision=True)
+    # With use_ema, the moving averages: what Keras's fit leaves in the model at its end.
+    initialized, _, values = ps_client.pull_dense(full_precision=True, averaged=True)
     variables = {n: v for n, v in named_variables(model).items() if id(v) not in replaced}
     missing = sorted(set(variables) - set(values))
     if not initialized or missing:

@@ -37,6 +37,7 @@ from elastic_keras.master.console import Console
 from elastic_keras.master.export import export_saved_model, sample_features
 from elastic_keras.master.instance_manager import RoleSpec, RoleType
 from elastic_keras.master.membership import Membership
+from elastic_keras.master.push_account import PushAccount
 from elastic_keras.master.servicer import MasterServicer
 from elastic_keras.master.summary import JobStatus, JobSummary
 from elastic_keras.master.task_manager import TaskManager, TaskType
@@ -71,6 +72,7 @@ class Master:
         self.engine = engine  # the local engine by default, made once the data checks out
         self.membership = Membership(config.num_ps)
         self.throughput = Throughput()
+        self.pushes = PushAccount()
         self.job_finished = False      # tells roles to exit
         self.no_more_tasks = False     # tells workers to exit
         self.tasks = None
@@ -116,15 +118,21 @@ class Master:
                         task.task_id)
         return task
 
-    def report_progress(self, worker_id, task_id, records_done, loss, model_version):
+    def report_progress(self, worker_id, task_id, records_done, loss, model_version,
+                        minibatches=0):
         self._note_version(model_version)
+        if minibatches:
+            self.pushes.report(task_id, worker_id, minibatches)
         before = self._records_of(task_id)
         self.tasks.report_progress(task_id, records_done)
         self.throughput.add(max(0, self._records_of(task_id) - before), loss)
 
     def report_task_result(self, worker_id, task_id, records_done, error, loss,
-                           model_version, metric_states, abandoned=False):
+                           model_version, metric_states, abandoned=False, minibatches=0,
+                           dropped=None):
         self._note_version(model_version)
+        if minibatches or dropped:
+            self.pushes.report(task_id, worker_id, minibatches, dropped)
         before = self._records_of(task_id)
         task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned)
         if task is None:
@@ -151,13 +159,15 @@ class Master:
 
     @property
     def sync_round_size(self):
-        """Pushes that close a synchronous round now (see `HeartbeatResponse`)."""
-        if self.tasks is None:
+        """Pushes that close a synchronous round now (see `HeartbeatResponse`): at most
+        `--grads-to-wait`, and no more than the workers alive (started, not leaving) that
+        have training work, running or waiting to be handed out."""
+        if self.tasks is None or self.engine is None:
             return self.config.grads_to_wait
         waiting, running = self.tasks.training_load()
-        if waiting:
-            return self.config.grads_to_wait
-        return min(self.config.grads_to_wait, running)
+        alive = sum(s.type == RoleType.WORKER and s.index not in self._leaving
+                    for s in self.engine.running())
+        return min(self.config.grads_to_wait, alive, running + waiting)
 
     @property
     def model_version(self):
@@ -210,8 +220,8 @@ class Master:
             if self._launch():
                 self._loop()
             self._training_ended_at = time.time()
-            if not self.tasks.failed and not self._error and self.config.grads_to_wait:
-                self._wait_for_rounds()
+            if not self.tasks.failed and not self._error:
+                self._wait_for_shard_reports()
             if not self.tasks.failed and not self._error and self.checkpoints.enabled:
                 self._checkpoint(finished=True)
             if not self.tasks.failed and not self._error and self.config.output:
@@ -493,13 +503,14 @@ class Master:
                                   "train/examples_per_second": examples_per_second},
                                  self.model_version)
 
-    def _wait_for_rounds(self):
-        """Synchronous training: waits until every shard has applied its last round."""
+    def _wait_for_shard_reports(self):
+        """Waits until every shard has reported after training ended, with no open
+        synchronous round: its version and applied pushes are then final."""
         since = time.monotonic()
         deadline = since + self.config.sync_round_timeout_s + 10.0
         while not self.membership.rounds_closed_since(since):
             if time.monotonic() > deadline:
-                logger.warning("Parameter servers did not report their last round applied.")
+                logger.warning("Parameter servers did not report their last updates applied.")
                 return
             time.sleep(_TICK_S)
 
@@ -606,4 +617,6 @@ class Master:
                 "last_checkpoint": self.checkpoints.last_path,
                 "duplicates_bound_per_lost_task": bound,
             },
+            pushes={"by_worker": self.pushes.by_worker(),
+                    "applied_by_shard": self.membership.applied_pushes()},
         )

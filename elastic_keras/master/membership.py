@@ -15,6 +15,7 @@ class Membership:
         self._ps_staleness = {}   # ps id -> (counts by staleness, rejections)
         self._ps_pending = {}
         self._ps_reported = {}
+        self._ps_applied = {}     # ps id -> {worker id: pushes applied}
         self._workers = set()
         self._last_seen = {}
 
@@ -71,8 +72,9 @@ class Membership:
             return role_id in self._workers
 
     def report_version(self, ps_id, version, staleness_counts=(), stale_rejections=0,
-                       pending_pushes=0):
+                       pending_pushes=0, applied_pushes=None):
         with self._lock:
+            self._ps_applied[ps_id] = dict(applied_pushes or {})
             self._ps_versions[ps_id] = max(version, self._ps_versions.get(ps_id, 0))
             self._ps_staleness[ps_id] = (list(staleness_counts), stale_rejections)
             self._ps_pending[ps_id] = pending_pushes
@@ -85,6 +87,13 @@ class Membership:
                 f"ps-{ps_id}": {"applied_by_staleness": counts, "rejected_as_stale": rejected}
                 for ps_id, (counts, rejected) in sorted(self._ps_staleness.items())
             }
+
+    def applied_pushes(self):
+        """Per shard, `{worker id: pushes whose updates it holds}` (ids as text), as it last
+        reported."""
+        with self._lock:
+            return {f"ps-{ps_id}": {str(w): n for w, n in sorted(applied.items())}
+                    for ps_id, applied in sorted(self._ps_applied.items())}
 
     def rounds_closed_since(self, since):
         """Whether every shard has reported, after monotonic time `since`, no open round."""

@@ -49,7 +49,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def ReportProgress(self, request, context):
         self._master.report_progress(
             request.worker_id, request.task_id, request.records_done, request.loss,
-            request.model_version,
+            request.model_version, request.minibatches,
         )
         return master_pb2.ReportProgressResponse()
 
@@ -57,13 +57,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._master.report_task_result(
             request.worker_id, request.task_id, request.records_done, request.error,
             request.loss, request.model_version, request.metric_states, request.abandoned,
+            request.minibatches, {d.ps_id: d.reason for d in request.dropped},
         )
         return master_pb2.ReportTaskResultResponse()
 
     def ReportVersion(self, request, context):
         self._master.membership.report_version(
             request.ps_id, request.model_version, list(request.staleness_counts),
-            request.stale_rejections, request.pending_pushes,
+            request.stale_rejections, request.pending_pushes, dict(request.applied_pushes),
         )
         return master_pb2.ReportVersionResponse()
 

@@ -37,6 +37,9 @@ class JobSummary:
     # resumed_from, relaunches per role, tasks handed back, checkpoints written, last
     # checkpoint, and the bound on records trained twice per lost task attempt
     recovery: dict = dataclasses.field(default_factory=dict)
+    # "by_worker": minibatches trained and pushes dropped per shard (see `push_account`);
+    # "applied_by_shard": per shard, the pushes of each worker it holds
+    pushes: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         data = dataclasses.asdict(self)

@@ -104,33 +104,48 @@ class GetTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "records_done", "loss", "model_version")
+    __slots__ = ("worker_id", "task_id", "records_done", "loss", "model_version", "minibatches")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RECORDS_DONE_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     records_done: int
     loss: float
     model_version: int
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ...) -> None: ...
+    minibatches: int
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., minibatches: _Optional[int] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class MetricState(_message.Message):
-    __slots__ = ("name", "variables")
+    __slots__ = ("name", "variables", "aggregations", "labels", "predictions")
+    class InputSpec(_message.Message):
+        __slots__ = ("shape", "dtype")
+        SHAPE_FIELD_NUMBER: _ClassVar[int]
+        DTYPE_FIELD_NUMBER: _ClassVar[int]
+        shape: _containers.RepeatedScalarFieldContainer[int]
+        dtype: str
+        def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATIONS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     variables: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, name: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    aggregations: _containers.RepeatedScalarFieldContainer[str]
+    labels: MetricState.InputSpec
+    predictions: MetricState.InputSpec
+    def __init__(self, name: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., aggregations: _Optional[_Iterable[str]] = ..., labels: _Optional[_Union[MetricState.InputSpec, _Mapping]] = ..., predictions: _Optional[_Union[MetricState.InputSpec, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned")
+    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned", "minibatches", "dropped")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +154,8 @@ class ReportTaskResultRequest(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     error: str
@@ -147,25 +164,46 @@ class ReportTaskResultRequest(_message.Message):
     model_version: int
     metric_states: _containers.RepeatedCompositeFieldContainer[MetricState]
     abandoned: bool
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ...) -> None: ...
+    minibatches: int
+    dropped: _containers.RepeatedCompositeFieldContainer[DroppedPushes]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ..., minibatches: _Optional[int] = ..., dropped: _Optional[_Iterable[_Union[DroppedPushes, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class DroppedPushes(_message.Message):
+    __slots__ = ("ps_id", "reason", "count")
+    PS_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    ps_id: int
+    reason: str
+    count: int
+    def __init__(self, ps_id: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
 class ReportVersionRequest(_message.Message):
-    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes")
+    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes")
+    class AppliedPushesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     PS_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STALENESS_COUNTS_FIELD_NUMBER: _ClassVar[int]
     STALE_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     PENDING_PUSHES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_PUSHES_FIELD_NUMBER: _ClassVar[int]
     ps_id: int
     model_version: int
     staleness_counts: _containers.RepeatedScalarFieldContainer[int]
     stale_rejections: int
     pending_pushes: int
-    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ...) -> None: ...
+    applied_pushes: _containers.ScalarMap[int, int]
+    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ReportVersionResponse(_message.Message):
     __slots__ = ()

@@ -22,15 +22,29 @@ class EmbeddingTableSpec(_message.Message):
     dtype: str
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., input_dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
+class VariableOptions(_message.Message):
+    __slots__ = ("name", "trainable", "constraint", "exclude_from_weight_decay")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TRAINABLE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FROM_WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    trainable: bool
+    constraint: str
+    exclude_from_weight_decay: bool
+    def __init__(self, name: _Optional[str] = ..., trainable: _Optional[bool] = ..., constraint: _Optional[str] = ..., exclude_from_weight_decay: _Optional[bool] = ...) -> None: ...
+
 class InitModelRequest(_message.Message):
-    __slots__ = ("dense", "optimizer_config", "embedding_tables")
+    __slots__ = ("dense", "optimizer_config", "embedding_tables", "variables")
     DENSE_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_CONFIG_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TABLES_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     optimizer_config: str
     embedding_tables: _containers.RepeatedCompositeFieldContainer[EmbeddingTableSpec]
-    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., optimizer_config: _Optional[str] = ..., embedding_tables: _Optional[_Iterable[_Union[EmbeddingTableSpec, _Mapping]]] = ...) -> None: ...
+    variables: _containers.RepeatedCompositeFieldContainer[VariableOptions]
+    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., optimizer_config: _Optional[str] = ..., embedding_tables: _Optional[_Iterable[_Union[EmbeddingTableSpec, _Mapping]]] = ..., variables: _Optional[_Iterable[_Union[VariableOptions, _Mapping]]] = ...) -> None: ...
 
 class InitModelResponse(_message.Message):
     __slots__ = ("initialized_now", "model_version")
@@ -41,14 +55,16 @@ class InitModelResponse(_message.Message):
     def __init__(self, initialized_now: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("known_version", "min_version", "full_precision")
+    __slots__ = ("known_version", "min_version", "full_precision", "averaged")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     FULL_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    AVERAGED_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     min_version: int
     full_precision: bool
-    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ..., full_precision: _Optional[bool] = ...) -> None: ...
+    averaged: bool
+    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ..., full_precision: _Optional[bool] = ..., averaged: _Optional[bool] = ...) -> None: ...
 
 class PullDenseResponse(_message.Message):
     __slots__ = ("initialized", "model_version", "dense")
@@ -99,30 +115,30 @@ class PullTableResponse(_message.Message):
     def __init__(self, rows: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "assign")
+    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "deltas")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
-    ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
     gradients: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    assign: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., assign: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "assign")
+    __slots__ = ("worker_id", "sequence", "model_version", "deltas")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
-    assign: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., assign: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsPart(_message.Message):
     __slots__ = ("header", "pieces")

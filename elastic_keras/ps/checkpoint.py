@@ -3,7 +3,8 @@
 A shard file (`ps-{id}-of-{n}.ckpt`, see `common/checkpoint.py` for the directory layout) is
 a numpy `.npz` archive, an uncompressed ZIP64 file that `numpy.load(path,
 allow_pickle=False)` opens. Its member `meta.json` describes the shard (format, version,
-optimizer config, table configs, optimizer step count, applied sequences) and names, for
+optimizer config, table configs, the dense variables' options, optimizer step count,
+applied sequences and push counts) and names, for
 every array, the member holding it (`a0.npy`, `a1.npy`, ...): dense values, dense optimizer
 slots keyed by variable and slot name, the optimizer's other variables, and each table's
 ids, rows and row slots. Arrays are plain `.npy` data (never pickles); a dtype numpy cannot
@@ -36,7 +37,7 @@ from elastic_keras.common.atomic_file import atomic_write
 from elastic_keras.common.checkpoint import ShardFile, file_crc32c, read_manifest, shard_file_name
 from elastic_keras.common.errors import CheckpointError
 from elastic_keras.ps.embedding_table import TableState
-from elastic_keras.ps.parameters import Snapshot, TableConfig
+from elastic_keras.ps.parameters import Snapshot, TableConfig, VariableOptions
 
 FORMAT = "elastic_keras.ps_shard"
 FORMAT_VERSION = 1
@@ -145,6 +146,8 @@ def _write(snapshot, stream, ps_id, num_ps):
         "tables": [dataclasses.asdict(t) for t in snapshot.tables],
         "optimizer_iterations": snapshot.optimizer_iterations,
         "applied_sequences": {str(w): s for w, s in snapshot.applied_sequences.items()},
+        "applied_pushes": {str(w): n for w, n in snapshot.applied_pushes.items()},
+        "variable_options": [dataclasses.asdict(o) for o in snapshot.variable_options.values()],
         "dense": {name: add(value) for name, value in snapshot.dense.items()},
         "optimizer_slots": {name: {slot: add(value) for slot, value in slots.items()}
                             for name, slots in snapshot.optimizer_slots.items()},
@@ -231,6 +234,10 @@ def _parse(archive, file):
             for name, t in meta["table_states"].items()
         },
         applied_sequences={int(w): int(s) for w, s in meta["applied_sequences"].items()},
+        # Files written before options and push counts were kept have neither.
+        variable_options={o["name"]: VariableOptions(**o)
+                          for o in meta.get("variable_options", [])},
+        applied_pushes={int(w): int(n) for w, n in meta.get("applied_pushes", {}).items()},
     )
     return snapshot, meta
 
@@ -246,6 +253,8 @@ class _Merge:
         self._dense, self._slots, self._sources = {}, {}, {}
         self._rows = {}
         self._sequences = {}
+        self._pushes = {}
+        self._options = {}
 
     def add(self, snapshot, file):
         """Keeps the parts of `snapshot` (read from `file`) that the new shard owns."""
@@ -265,6 +274,9 @@ class _Merge:
                                               snapshot.optimizer_others)
         for worker, sequence in snapshot.applied_sequences.items():
             self._sequences[worker] = max(sequence, self._sequences.get(worker, sequence))
+        # Push counts are per shard; a new shard holds parts of several: the most of any.
+        for worker, count in snapshot.applied_pushes.items():
+            self._pushes[worker] = max(count, self._pushes.get(worker, count))
         for name, value in snapshot.dense.items():
             if partition.dense_shard(name, self._num_ps) != self._ps_id:
                 continue
@@ -272,6 +284,8 @@ class _Merge:
                 raise CheckpointError(f"Dense variable {name!r} is in both "
                                       f"{self._sources[name]} and {file}.")
             self._dense[name], self._sources[name] = value, file
+            if name in snapshot.variable_options:
+                self._options[name] = snapshot.variable_options[name]
             if name in snapshot.optimizer_slots:
                 self._slots[name] = snapshot.optimizer_slots[name]
         for name, state in snapshot.table_states.items():
@@ -296,6 +310,8 @@ class _Merge:
             optimizer_others=self._others,
             table_states={name: _concatenate(parts) for name, parts in self._rows.items()},
             applied_sequences=self._sequences,
+            variable_options=self._options,
+            applied_pushes=self._pushes,
         )
 
 

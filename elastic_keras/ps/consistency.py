@@ -4,7 +4,9 @@ Synchronous (`grads_to_wait` K >= 1): a push must be computed against the shard'
 version. The shard adds it to the open round; the K-th push closes the round: the K
 gradients are averaged (dense gradients element-wise; sparse rows by id, an id missing from
 a push counting as a zero row, which is the gradient of the mean loss over the union of
-the K minibatches) and applied once, and the version goes up by one. A push against an older
+the K minibatches) and applied once, and the version goes up by one. The deltas of non-trainable variables are
+summed, not averaged: each minibatch makes its own update (a BatchNormalization statistic
+moves once per minibatch, a counter counts every one). A push against an older
 version is rejected as stale; the worker pulls and recomputes. A round that has waited
 `round_timeout_s` since its first push is applied with the pushes it has, averaged over
 their number, so a worker that died or left mid-round cannot stall training.
@@ -60,16 +62,24 @@ class SyncRound:
     """The pushes gathered for one synchronous update, summed as they arrive."""
 
     def __init__(self):
-        self.count = 0
         self.started = None
+        self.workers = []   # the worker of each push, in order
         self._dense = {}    # name -> summed tensor, or list of IndexedSlices
         self._rows = {}     # table -> [(ids, grads)]
+        self._deltas = {}   # name -> summed delta
 
-    def add(self, gradients, rows):
-        """Adds one push: prepared dense `gradients` and table `rows` {table: (ids, grads)}."""
+    @property
+    def count(self):
+        return len(self.workers)
+
+    def add(self, worker_id, gradients, rows, deltas):
+        """Adds one push of `worker_id`: prepared dense `gradients`, table `rows`
+        {table: (ids, grads)} and `deltas` {name: array} of non-trainable variables."""
         if self.count == 0:
             self.started = time.monotonic()
-        self.count += 1
+        self.workers.append(worker_id)
+        for name, delta in deltas.items():
+            self._deltas[name] = self._deltas[name] + delta if name in self._deltas else delta
         for name, gradient in gradients.items():
             if isinstance(gradient, tf.IndexedSlices):
                 self._dense.setdefault(name, []).append(gradient)
@@ -84,7 +94,8 @@ class SyncRound:
         return self.count > 0 and time.monotonic() - self.started >= timeout_s
 
     def averaged(self, divisor):
-        """(dense gradients, table rows) of the round, divided by `divisor`."""
+        """(dense gradients, table rows, deltas) of the round: gradients divided by
+        `divisor`, deltas summed."""
         scale = 1.0 / divisor
         dense = {}
         for name, gradient in self._dense.items():
@@ -101,4 +112,4 @@ class SyncRound:
             ids = np.concatenate([i for i, _ in pairs])
             grads = np.concatenate([g for _, g in pairs]) * np.asarray(scale, pairs[0][1].dtype)
             rows[table] = (ids, grads)  # the table sums repeated ids
-        return dense, rows
+        return dense, rows, dict(self._deltas)

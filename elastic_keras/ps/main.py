@@ -175,7 +175,7 @@ def _keep_in_touch(config, address, parameters, master, stop):
             closed = parameters.close_expired_round()
             master.report_version(config.ps_id, parameters.version,
                                   parameters.staleness.counts, parameters.staleness.rejections,
-                                  parameters.pending_pushes)
+                                  parameters.pending_pushes, parameters.applied_pushes)
             if closed:
                 logger.warning(
                     "A synchronous round waited %.0f s for %d pushes; applied it with %d.",

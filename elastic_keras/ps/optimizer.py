@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from elastic_keras.common.errors import PayloadError
+from elastic_keras.common.optimizer_contract import builtin_optimizers
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def optimizer_from_config(config):
     if not isinstance(spec, dict):
         raise PayloadError(f"{rule}; it must be a JSON object. Received: {excerpt!r}")
     try:
-        optimizer = keras.optimizers.deserialize(spec)
+        # Built-in classes by name: Keras's own registry misses some (Lamb).
+        optimizer = keras.optimizers.deserialize(spec, custom_objects=builtin_optimizers())
     except Exception as exc:  # Keras raises ValueError, TypeError, ImportError, ...
         raise PayloadError(
             f"{rule}; Keras cannot rebuild it ({type(exc).__name__}: {exc}). "
@@ -124,12 +126,20 @@ class OptimizerApplier:
 
     Args:
         optimizer: an unbuilt Keras optimizer.
-        variables: `{name: tf.Variable}`, the variables gradients may update.
+        variables: `{name: tf.Variable}`, the trainable variables gradients may update (a
+            variable's `constraint` is applied after each update, as Keras does).
+        excluded_from_weight_decay: names of variables the module's optimizer does not
+            decay (its `exclude_from_weight_decay`).
     """
 
-    def __init__(self, optimizer, variables):
+    def __init__(self, optimizer, variables, excluded_from_weight_decay=()):
         self.optimizer = optimizer
         self._variables = dict(variables)
+        for name, variable in self._variables.items():
+            variable.path = name  # what Keras optimizers match names against (Muon)
+        if excluded_from_weight_decay:
+            optimizer.exclude_from_weight_decay(
+                var_list=[self._variables[name] for name in excluded_from_weight_decay])
         # Staleness modulation scales one update's learning rate through this factor.
         self._lr_scale = tf.Variable(1.0, trainable=False, name="lr_scale")
         optimizer.learning_rate = _ScaledLearningRate(optimizer._learning_rate, self._lr_scale)
@@ -191,6 +201,15 @@ class OptimizerApplier:
         for key, variable in self._other_variables.items():
             variable.assign(others[key])
         self.optimizer.iterations.assign(iterations)
+
+    def averaged(self):
+        """`{name: value}` of the optimizer's moving averages of the variables (`use_ema`),
+        what Keras's `fit` leaves in the model at its end; empty without `use_ema`."""
+        if not self.optimizer.use_ema:
+            return {}
+        averages = self.optimizer._model_variables_moving_average
+        return {name: averages[self.optimizer._get_variable_index(variable)].numpy()
+                for name, variable in self._variables.items()}
 
     def apply(self, gradients, lr_scale=1.0):
         """Applies one step: `gradients` maps names to dense tensors or `tf.IndexedSlices`.

@@ -22,13 +22,17 @@ Example:
 and `restore()` starts an empty shard from one.
 """
 
+import collections
 import dataclasses
+import json
 import threading
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from elastic_keras.common.embedding_init import check_initializer
+from elastic_keras.common.optimizer_contract import shard_config
 from elastic_keras.common.errors import (
     CheckpointError, DataError, ModelSpecError, NotReadyError, PayloadError, PSError,
 )
@@ -48,15 +52,16 @@ class Push:
     """Gradients from one worker step.
 
     `gradients` holds `(name, value)` pairs, each value a numpy array (dense) or a
-    `tensor_codec.Slices` (rows); `assign` holds `(name, array)` pairs of new values for
-    non-trainable variables. `(worker_id, sequence)` makes a retried push a no-op.
+    `tensor_codec.Slices` (rows); `deltas` holds `(name, array)` pairs: what the step added
+    to non-trainable variables. `(worker_id, sequence)` names the minibatch: a shard applies
+    a sequence at most once, so a resent push is a no-op where it was applied.
     """
 
     worker_id: int
     sequence: int
     model_version: int = 0
     gradients: tuple = ()
-    assign: tuple = ()
+    deltas: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +106,16 @@ class TableConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class VariableOptions:
+    """How the optimizer treats one dense variable (see `pserver.proto`)."""
+
+    name: str
+    trainable: bool = True
+    constraint: str = ""
+    exclude_from_weight_decay: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Snapshot:
     """A shard's whole state as plain data: what `Parameters.snapshot` copies and `restore` takes.
 
@@ -115,6 +130,8 @@ class Snapshot:
         optimizer_others: `{key: array}`: the dense optimizer's other variables.
         table_states: `{table name: TableState}`, rows with their optimizer slots.
         applied_sequences: `{worker id: the highest push sequence applied}`.
+        variable_options: `{name: VariableOptions}` of the dense variables.
+        applied_pushes: `{worker id: pushes whose updates the shard holds}`.
     """
 
     version: int
@@ -126,6 +143,8 @@ class Snapshot:
     optimizer_others: dict
     table_states: dict
     applied_sequences: dict
+    variable_options: dict = dataclasses.field(default_factory=dict)
+    applied_pushes: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +158,7 @@ class _Model:
     sparse_optimizer: object
     optimizer_config: str
     table_configs: tuple
+    variable_options: dict
 
 
 class Parameters:
@@ -155,6 +175,7 @@ class Parameters:
         self._model = None
         self._version = 0
         self._applied_sequence = {}
+        self._applied_pushes = collections.Counter()  # worker id -> pushes applied
         self._round = SyncRound()
         self._round_size = policy.grads_to_wait
         self.staleness = StalenessStats()
@@ -167,18 +188,25 @@ class Parameters:
     def version(self):
         return self._version
 
-    def init_model(self, dense, optimizer_config, tables=()):
+    @property
+    def applied_pushes(self):
+        """`{worker id: pushes whose updates this shard holds}`."""
+        with self._lock:
+            return dict(self._applied_pushes)
+
+    def init_model(self, dense, optimizer_config, tables=(), options=()):
         """Initialises the shard at version 0, unless it already holds a model.
 
         Of several concurrent calls exactly one initialises; the others keep its model.
 
         Args:
             dense: `(name, array)` pairs, the shard's variables and their initial values.
-            optimizer_config: the JSON of `keras.optimizers.serialize(optimizer)`. Every
-                floating-point variable gets the optimizer's slots, since the payload does
-                not say which variables are trainable.
+            optimizer_config: the JSON of `keras.optimizers.serialize(optimizer)`; the
+                options workers apply themselves are dropped (see `optimizer_contract`).
             tables: `TableConfig`s of the model's embedding tables; their rows are created
                 on first lookup and updated by the optimizer's sparse counterpart.
+            options: `VariableOptions` of the dense variables; a variable without one is
+                trainable if it is floating point, unconstrained and decayed.
 
         Returns:
             An `InitResult`.
@@ -188,14 +216,12 @@ class Parameters:
                 anything changes).
         """
         values = check_initial_values(dense)
-        optimizer = optimizer_from_config(optimizer_config)
-        tables = _check_tables(tables, values)
-        sparse_optimizer = sparse_optimizer_from_config(optimizer_config) if tables else None
+        model = _new_model(values, optimizer_config, _check_tables(tables, values),
+                           _check_options(options, values))
         with self._lock:
             if self._model is not None:
                 return InitResult(initialized_now=False, model_version=self._version)
-            self._model = _build_model(values, optimizer, optimizer_config, tables,
-                                       sparse_optimizer)
+            self._model = model
             self._version = 0
             return InitResult(initialized_now=True, model_version=0)
 
@@ -221,6 +247,8 @@ class Parameters:
                 optimizer_others=others,
                 table_states={name: t.state() for name, t in model.tables.items()},
                 applied_sequences=dict(self._applied_sequence),
+                variable_options=dict(model.variable_options),
+                applied_pushes=dict(self._applied_pushes),
             )
 
     def restore(self, snapshot):
@@ -242,15 +270,12 @@ class Parameters:
             )
         try:
             values = check_initial_values(tuple(snapshot.dense.items()))
-            optimizer = optimizer_from_config(snapshot.optimizer_config)
-            tables = _check_tables(snapshot.tables, values)
-            sparse_optimizer = (sparse_optimizer_from_config(snapshot.optimizer_config)
-                                if tables else None)
-            model = _build_model(values, optimizer, snapshot.optimizer_config, tables,
-                                 sparse_optimizer)
+            model = _new_model(values, snapshot.optimizer_config,
+                               _check_tables(snapshot.tables, values),
+                               _check_options(snapshot.variable_options.values(), values))
             model.applier.set_state(snapshot.optimizer_iterations, snapshot.optimizer_slots,
                                     snapshot.optimizer_others)
-            _restore_tables(model, snapshot.table_states, sparse_optimizer)
+            _restore_tables(model, snapshot.table_states, model.sparse_optimizer)
         except (PayloadError, DataError, ValueError) as exc:
             raise CheckpointError(f"The snapshot at version {snapshot.version} cannot be "
                                   f"restored: {exc}") from exc
@@ -260,15 +285,18 @@ class Parameters:
             self._model = model
             self._version = snapshot.version
             self._applied_sequence = dict(snapshot.applied_sequences)
+            self._applied_pushes = collections.Counter(snapshot.applied_pushes)
             self._version_changed.notify_all()
 
-    def pull(self, known_version=-1, min_version=0, timeout_s=0.0):
+    def pull(self, known_version=-1, min_version=0, timeout_s=0.0, averaged=False):
         """The current values, or none when `known_version` is the current version.
 
         Args:
             known_version: the version the caller holds (-1: none).
             min_version: wait up to `timeout_s` for the version to reach this first
                 (synchronous training: until the caller's round has been applied).
+            averaged: the optimizer's moving averages in place of the trainable variables'
+                values, where it keeps them (`use_ema`): what Keras's `fit` ends with.
 
         Returns:
             A `PullResult`; `initialized` is False (and `dense` empty) before InitModel.
@@ -282,6 +310,8 @@ class Parameters:
             # A read is a snapshot: TF copies a variable's buffer before updating it while a
             # read tensor still refers to it, so converting outside the lock is safe.
             tensors = {name: v.read_value() for name, v in model.variables.items()}
+            if averaged:
+                tensors.update(model.applier.averaged())
         return PullResult(
             initialized=True,
             model_version=version,
@@ -300,6 +330,9 @@ class Parameters:
         Raises:
             NotReadyError: the shard has no model yet.
             PayloadError: see `updates.prepare_update`; nothing is changed.
+
+        Deltas of non-trainable variables are added when the push is applied (in a
+        synchronous round, the round's deltas summed): each minibatch makes its update.
         """
         model = self._model
         if model is None:
@@ -310,7 +343,7 @@ class Parameters:
         dense = tuple((n, g) for n, g in push.gradients if n not in model.tables)
         rows = {n: _check_rows(model.tables[n], g) for n, g in push.gradients
                 if n in model.tables}
-        update = prepare_update(model.specs, dense, push.assign)
+        update = prepare_update(model.specs, dense, push.deltas)
         with self._lock:
             last = self._applied_sequence.get(push.worker_id)
             if last is not None and push.sequence <= last:
@@ -324,30 +357,35 @@ class Parameters:
                     f"shard is at version {self._version}",
                 )
             self._applied_sequence[push.worker_id] = push.sequence
-            for name, value in update.assign.items():
-                model.variables[name].assign(value)
             if self.policy.sync:
-                self._round.add(update.gradients, rows)
+                self._round.add(push.worker_id, update.gradients, rows, update.deltas)
                 if self._round.count >= max(self._round_size, 1):
                     self._close_round(model)
             else:
                 self.staleness.add(staleness)
-                self._apply(model, update.gradients, rows, self.policy.lr_scale(staleness))
+                self._apply(model, update.gradients, rows, update.deltas,
+                            self.policy.lr_scale(staleness))
+                self._applied_pushes[push.worker_id] += 1
             return PushResult(accepted=True, model_version=self._version)
 
-    def _apply(self, model, gradients, rows, lr_scale=1.0):
-        """One optimizer step on the dense variables and table rows; bumps the version."""
+    def _apply(self, model, gradients, rows, deltas, lr_scale=1.0):
+        """One optimizer step on the dense variables and table rows, the non-trainable
+        variables' deltas added; bumps the version."""
         model.applier.apply(gradients, lr_scale)
         for name, (ids, grads) in rows.items():
             model.tables[name].apply(ids, grads, model.sparse_optimizer, self._version + 1,
                                      lr_scale)
+        for name, delta in deltas.items():
+            variable = model.variables[name]
+            variable.assign(variable.numpy() + delta)
         self._version += 1
         self._version_changed.notify_all()
 
     def _close_round(self, model):
-        gradients, rows = self._round.averaged(self._round.count)
-        self._round = SyncRound()
-        self._apply(model, gradients, rows)
+        gradients, rows, deltas = self._round.averaged(self._round.count)
+        workers, self._round = self._round.workers, SyncRound()
+        self._apply(model, gradients, rows, deltas)
+        self._applied_pushes.update(workers)
 
     @property
     def pending_pushes(self):
@@ -419,15 +457,29 @@ class Parameters:
         return chunks
 
 
-def _build_model(values, optimizer, optimizer_config, tables, sparse_optimizer):
-    """The `_Model` of checked initial values, a Keras optimizer and table configs."""
-    variables = {name: tf.Variable(value, name=name) for name, value in values.items()}
-    trainable = {n: v for n, v in variables.items() if v.dtype.is_floating}
+def _new_model(values, optimizer_config, tables, options):
+    """The `_Model` of checked initial values, optimizer config, tables and options.
+
+    Raises:
+        PayloadError: an optimizer config Keras cannot rebuild or the tables do not support.
+    """
+    optimizer_config = shard_config(optimizer_config)
+    optimizer = optimizer_from_config(optimizer_config)
+    sparse_optimizer = sparse_optimizer_from_config(optimizer_config) if tables else None
+    variables = {
+        name: tf.Variable(value, name=name, constraint=_constraint(options.get(name)))
+        for name, value in values.items()
+    }
+    specs = {name: VariableSpec.of(v, options[name].trainable if name in options else None)
+             for name, v in variables.items()}
     slot_names = sparse_optimizer.slot_names if sparse_optimizer else ()
     return _Model(
         variables=variables,
-        specs={name: VariableSpec.of(v) for name, v in variables.items()},
-        applier=OptimizerApplier(optimizer, trainable),
+        specs=specs,
+        applier=OptimizerApplier(
+            optimizer, {n: v for n, v in variables.items() if specs[n].trainable},
+            [n for n, o in options.items() if o.exclude_from_weight_decay and specs[n].trainable],
+        ),
         tables={
             t.name: EmbeddingTable(
                 t.name, t.dim, t.initializer, t.input_dim, np.dtype(t.dtype),
@@ -440,7 +492,37 @@ def _build_model(values, optimizer, optimizer_config, tables, sparse_optimizer):
         sparse_optimizer=sparse_optimizer,
         optimizer_config=optimizer_config,
         table_configs=tuple(tables),
+        variable_options=options,
     )
+
+
+def _constraint(options):
+    if options is None or not options.constraint:
+        return None
+    return keras.constraints.deserialize(json.loads(options.constraint))
+
+
+def _check_options(options, values):
+    """`{name: VariableOptions}` of `options`, checked against the dense variables."""
+    checked = {}
+    for option in options:
+        what = f"Variable options {option.name!r}"
+        if option.name not in values or option.name in checked:
+            raise PayloadError(f"{what}: must name each dense variable at most once. "
+                               f"Received: name={option.name!r}")
+        if option.constraint:
+            try:
+                constraint = keras.constraints.deserialize(json.loads(option.constraint))
+            except Exception as exc:  # Keras raises ValueError, TypeError, ...
+                raise PayloadError(
+                    f"{what}: the constraint must be the JSON of a built-in Keras constraint "
+                    f"({type(exc).__name__}: {exc}). Received: {option.constraint[:200]!r}"
+                ) from exc
+            if not callable(constraint):
+                raise PayloadError(f"{what}: the constraint must be a Keras constraint. "
+                                   f"Received: {option.constraint[:200]!r}")
+        checked[option.name] = option
+    return checked
 
 
 def _restore_tables(model, states, sparse_optimizer):

@@ -27,7 +27,7 @@ from elastic_keras.common import rpc, tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 from elastic_keras.ps.checkpoint import save_shard
-from elastic_keras.ps.parameters import Push, TableConfig
+from elastic_keras.ps.parameters import Push, TableConfig, VariableOptions
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                 _decode_all(request.dense), request.optimizer_config,
                 [TableConfig(t.name, t.dim, t.input_dim, t.initializer or "uniform",
                              t.dtype or "float32") for t in request.embedding_tables],
+                [VariableOptions(v.name, v.trainable, v.constraint, v.exclude_from_weight_decay)
+                 for v in request.variables],
             )
         return pserver_pb2.InitModelResponse(
             initialized_now=result.initialized_now, model_version=result.model_version
@@ -84,7 +86,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         # A synchronous worker waits for its round; leave a margin of its deadline to answer.
         remaining = context.time_remaining()
         wait_s = max(0.0, min(MAX_ROUND_WAIT_S, (remaining or MAX_ROUND_WAIT_S) - 1.0))
-        result = self._parameters.pull(request.known_version, request.min_version, wait_s)
+        result = self._parameters.pull(request.known_version, request.min_version, wait_s,
+                                       request.averaged)
         return result, self._transfer.encode(result.dense.items(), request.full_precision)
 
     def PullDense(self, request, context):
@@ -107,7 +110,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                     sequence=header.sequence,
                     model_version=header.model_version,
                     gradients=tensor_stream.decode_tensors(gradients),
-                    assign=_decode_all(header.assign),
+                    deltas=_decode_all(header.deltas),
                 )
             )
         if result.accepted and not self._first_push_applied:

@@ -27,21 +27,27 @@ _NAMES_IN_MESSAGES = 5
 
 @dataclasses.dataclass(frozen=True)
 class VariableSpec:
-    """What a payload for one variable must match."""
+    """What a payload for one variable must match.
+
+    `trainable` variables take gradients (through the optimizer); the others take deltas,
+    the changes a worker's step made to them (BatchNormalization statistics, counters).
+    """
 
     shape: tuple
     dtype: np.dtype
+    trainable: bool = True
 
     @property
     def floating(self):
-        """Whether gradients may update the variable (only floating-point ones)."""
         return tf.as_dtype(self.dtype).is_floating
 
     @classmethod
-    def of(cls, value):
-        """The spec of a numpy array or `tf.Variable`."""
+    def of(cls, value, trainable=None):
+        """The spec of a numpy array or `tf.Variable`; trainable by default if floating."""
         dtype = value.dtype.as_numpy_dtype if isinstance(value.dtype, tf.DType) else value.dtype
-        return cls(shape=tuple(value.shape), dtype=np.dtype(dtype))
+        spec = cls(shape=tuple(value.shape), dtype=np.dtype(dtype))
+        return dataclasses.replace(spec, trainable=spec.floating if trainable is None
+                                   else trainable and spec.floating)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +55,11 @@ class PreparedUpdate:
     """A checked push as tensors of the variables' dtypes, ready to apply.
 
     `gradients` maps names to dense tensors or `tf.IndexedSlices` (with unique row ids);
-    `assign` maps names of variables to replace to their new values.
+    `deltas` maps names of non-trainable variables to what to add to them.
     """
 
     gradients: dict
-    assign: dict
+    deltas: dict
 
 
 def check_initial_values(pairs):
@@ -77,52 +83,52 @@ def check_initial_values(pairs):
     return values
 
 
-def prepare_update(specs, gradients, assign):
-    """Checks a push's gradients and assignments and casts them to the variables' dtypes.
+def prepare_update(specs, gradients, deltas):
+    """Checks a push's gradients and deltas and casts them to the variables' dtypes.
 
     Args:
         specs: `{name: VariableSpec}` of the shard's variables.
         gradients: `(name, value)` pairs; a value is a numpy array (dense gradient, the
             variable's shape) or `Slices` (rows of the variable; repeated ids are summed).
-        assign: `(name, array)` pairs of new values for non-trainable variables.
+        deltas: `(name, array)` pairs of changes to non-trainable variables.
 
     Returns:
         A `PreparedUpdate`.
 
     Raises:
-        PayloadError: an unknown or repeated name, a variable both updated and assigned, a
-            gradient for a non-floating variable, a dtype that cannot be cast to the
+        PayloadError: an unknown or repeated name, a gradient for a variable that is not
+            trainable, a delta for one that is, a dtype that cannot be cast to the
             variable's, a shape that does not match, or a row id out of range.
     """
     prepared_gradients = {}
     for name, value in gradients:
         what = f"Gradient {name!r}"
         spec = _spec_for(specs, name, prepared_gradients, what)
-        if not spec.floating:
+        if not spec.trainable:
             raise PayloadError(
-                f"{what}: gradients apply only to floating-point variables. "
-                f"Received: a gradient for a variable of dtype {spec.dtype.name}"
+                f"{what}: gradients apply only to trainable floating-point variables. "
+                f"Received: a gradient for a non-trainable variable of dtype {spec.dtype.name}"
             )
         if isinstance(value, Slices):
             prepared_gradients[name] = _sparse_gradient(what, value, spec)
         else:
             prepared_gradients[name] = tf.convert_to_tensor(_dense(what, value, spec))
-    prepared_assign = {}
-    for name, value in assign:
-        what = f"Assigned value {name!r}"
-        spec = _spec_for(specs, name, prepared_assign, what)
-        if name in prepared_gradients:
+    prepared_deltas = {}
+    for name, value in deltas:
+        what = f"Delta {name!r}"
+        spec = _spec_for(specs, name, prepared_deltas, what)
+        if spec.trainable:
             raise PayloadError(
-                f"{what}: a variable is either updated by a gradient or assigned in one push, "
-                "not both. Received: both"
+                f"{what}: deltas apply only to non-trainable variables; trainable ones change "
+                "through gradients. Received: a delta for a trainable variable"
             )
         if isinstance(value, Slices):
             raise PayloadError(
-                f"{what}: assigned values must be dense. "
+                f"{what}: deltas must be dense. "
                 f"Received: a sparse tensor with {len(value.ids)} ids"
             )
-        prepared_assign[name] = tf.convert_to_tensor(_dense(what, value, spec))
-    return PreparedUpdate(gradients=prepared_gradients, assign=prepared_assign)
+        prepared_deltas[name] = _dense(what, value, spec)
+    return PreparedUpdate(gradients=prepared_gradients, deltas=prepared_deltas)
 
 
 def _check_name(name, seen, what):

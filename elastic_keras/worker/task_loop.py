@@ -12,6 +12,7 @@ import traceback
 import grpc
 import tensorflow as tf
 
+from elastic_keras.common.errors import PushRefused
 from elastic_keras.common.model_spec import Mode
 from elastic_keras.data.reader import open_reader
 from elastic_keras.proto import master_pb2
@@ -61,8 +62,9 @@ class TaskLoop:
 
     def _run_task(self, task):
         # records_done: trained; landed: trained and on the parameter servers, which is all
-        # a failed or handed-back task may claim (the rest is trained again).
-        state = {"records_done": 0, "landed": 0, "losses": []}
+        # a failed or handed-back task may claim (the rest is trained again); minibatches:
+        # those whose pushes landed.
+        state = {"records_done": 0, "landed": 0, "minibatches": 0, "losses": []}
         try:
             if task.type == master_pb2.TASK_TRAINING:
                 metric_states = ()
@@ -70,16 +72,21 @@ class TaskLoop:
             else:
                 metric_states = self._evaluate(task, state)
         except _Leaving:
-            self._hand_back(task, state["landed"])
+            self._hand_back(task, state)
             return
         except Exception as exc:  # noqa: BLE001 - reported to the master, which decides
+            dropped = {}
+            if isinstance(exc, PushRefused):  # a minibatch some shards applied, others not
+                state["minibatches"] += 1
+                dropped = exc.dropped
             if self._stop.is_set():  # e.g. a wait for a parameter server cut short
-                self._hand_back(task, state["landed"])
+                self._hand_back(task, state, dropped)
                 return
             logger.error("Task %d failed:\n%s", task.task_id, traceback.format_exc())
             self._master.report_task_result(
                 self._config.worker_id, task.task_id, state["landed"],
                 error=f"{type(exc).__name__}: {exc}", model_version=self._trainer.model_version,
+                minibatches=state["minibatches"], dropped=dropped,
             )
             return
         losses = state["losses"]
@@ -87,14 +94,17 @@ class TaskLoop:
             self._config.worker_id, task.task_id, state["records_done"],
             loss=sum(losses) / len(losses) if losses else 0.0,
             model_version=self._trainer.model_version, metric_states=metric_states,
+            minibatches=state["minibatches"],
         )
 
-    def _hand_back(self, task, records_done):
+    def _hand_back(self, task, state, dropped=None):
+        records_done = state["landed"]
         logger.info("Handing task %d back after %d records", task.task_id, records_done)
         try:
             self._master.report_task_result(
                 self._config.worker_id, task.task_id, records_done, abandoned=True,
                 model_version=self._trainer.model_version, timeout_s=HAND_BACK_TIMEOUT_S,
+                minibatches=state["minibatches"], dropped=dropped,
             )
         except grpc.RpcError as exc:  # the master re-queues it when this worker exits
             logger.warning("Could not hand task %d back (%s)", task.task_id, exc.code().name)
@@ -121,12 +131,13 @@ class TaskLoop:
             state["losses"].append(loss)
             pending.append(loss)
             done = state["records_done"] = min(size, state["records_done"] + _batch_size(labels))
-            self._trainer.after_landed(lambda n=done: state.update(landed=n))
+            self._trainer.after_landed(lambda n=done, k=step: state.update(landed=n,
+                                                                           minibatches=k))
             if step % every == 0:
                 # Sent once this step's push has landed (what is reported as trained is on
                 # the parameter servers), while the next step computes.
                 report = (self._config.worker_id, task.task_id, done,
-                          sum(pending) / len(pending), self._trainer.model_version)
+                          sum(pending) / len(pending), self._trainer.model_version, step)
                 self._trainer.after_landed(lambda r=report: self._master.report_progress(*r))
                 pending = []
             if self._stop.is_set():

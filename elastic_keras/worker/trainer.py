@@ -3,7 +3,18 @@
 The model lives in the worker as a plain Keras model whose variables are overwritten with
 the parameter servers' values before each step. The step runs under `tf.GradientTape`,
 compiled with `tf.function` unless the model cannot be traced, in which case it runs
-eagerly (with a warning).
+eagerly (with a warning). As Keras's `fit` does, the loss is scaled by the optimizer's
+`loss_scale_factor`; the gradients are then unscaled and clipped over the whole model
+(`optimizer_contract.GradientPrep`) before they are pushed. Non-trainable variables
+(BatchNormalization statistics, counters) travel as deltas: what the step changed, which
+the shards add, so no minibatch's update is lost to another's.
+
+Exactly once. A minibatch's pushes carry one sequence number, however often they are sent.
+A shard that refuses a push as stale (it moved on) gets the minibatch again, recomputed
+against fresh values, under the same sequence; the shards that accepted it get nothing
+more, and a shard that sees the sequence again answers "duplicate". So every shard applies
+each minibatch at most once; one the worker gives up on (`PushRefused`) names the shards
+that never applied it, which the job summary counts as dropped.
 
 A parameter server that stops answering (it died; the master relaunches it at the same
 address) is waited for, up to `PS_RECOVERY_S`: every call to the shards is retried, a push
@@ -23,9 +34,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elastic_keras.common.errors import NotReadyError, PSError
+from elastic_keras.common.errors import ModelSpecError, NotReadyError, PSError, PushRefused
 from elastic_keras.common.metrics import build_metrics, to_states
 from elastic_keras.common.model_variables import split_trainable
+from elastic_keras.common.optimizer_contract import GradientPrep, shard_config
 from elastic_keras.layers.lookup_context import (
     LookupContext, lookup_context, merge_row_gradients,
 )
@@ -67,7 +79,7 @@ class Trainer:
                  sync=False, max_stale_retries=20, overlap=False, stop=None):
         self._spec = spec
         self._stop = stop or threading.Event()  # set: stop waiting for parameter servers
-        self._init_args = None  # (optimizer config, table specs) of InitModel
+        self._init_args = None  # (optimizer config, table specs, variable options) of InitModel
         self._needs_init = False
         self._ps = ps_client
         self._worker_id = worker_id
@@ -75,6 +87,7 @@ class Trainer:
         self._sync = sync
         self._max_stale_retries = max_stale_retries
         self._min_versions = None
+        self._prep = GradientPrep()
         self.stale_pushes = 0
         self._overlap = overlap and not sync
         self._background = (concurrent.futures.ThreadPoolExecutor(1, "push-pull")
@@ -87,8 +100,8 @@ class Trainer:
         self._tables = []
         self._looked_up = []  # (table, ...) of each lookup of the traced step, in order
         self._versions = None
-        # Push sequence numbers only grow, across restarts too: a relaunched worker with the
-        # same id must not have its pushes taken for retries of its predecessor's.
+        # Sequence numbers (one per minibatch) only grow, across restarts too: a relaunched
+        # worker with the same id must not have its pushes taken for its predecessor's.
         self._sequence = time.time_ns()
         self._train_step = None
         self._forward = None
@@ -111,14 +124,16 @@ class Trainer:
         self._trainable = {n: v for n, v in trainable.items() if id(v) not in replaced}
         self._fixed = {n: v for n, v in fixed.items() if id(v) not in replaced}
         initial = {n: v.numpy() for n, v in {**self._trainable, **self._fixed}.items()}
-        optimizer_config = json.dumps(keras.optimizers.serialize(self._spec.optimizer()))
+        optimizer = self._spec.optimizer()
+        self._prep = GradientPrep.of(optimizer)
+        optimizer_config = shard_config(keras.optimizers.serialize(optimizer))
         self._init_args = (optimizer_config, [
             pserver_pb2.EmbeddingTableSpec(
                 name=t.name, dim=t.dim, input_dim=t.input_dim, dtype=t.dtype,
                 initializer=json.dumps(t.initializer_config),
             )
             for t in self._tables
-        ])
+        ], _variable_options(optimizer, self._trainable, self._fixed))
         self._through_outages("InitModel",
                               lambda: self._ps.init_model(initial, *self._init_args))
         self._train_step = _compile(self._train_step_fn, "training step")
@@ -212,8 +227,9 @@ class Trainer:
                 loss = tf.reduce_mean(self._spec.loss(labels, predictions))
                 if self._model.losses:
                     loss += tf.add_n(self._model.losses)
+            scaled = self._prep.scale_loss(loss)
         dense = list(self._trainable.values())
-        grads = tape.gradient(loss, dense + [r.rows for r in context.records])
+        grads = tape.gradient(scaled, dense + [r.rows for r in context.records])
         self._looked_up = [r.table for r in context.records]  # at trace time: static
         return (loss, grads[:len(dense)], [r.unique_ids for r in context.records],
                 grads[len(dense):])
@@ -225,35 +241,53 @@ class Trainer:
     def train_minibatch(self, features, labels):
         """Pulls, computes gradients, pushes; returns the minibatch's loss.
 
-        A push rejected as stale is recomputed against freshly pulled values, up to
+        A push that shards refuse as stale is recomputed against freshly pulled values and
+        sent to those shards alone, under the minibatch's sequence number, up to
         `max_stale_retries` times in a row.
 
         Raises:
-            PSError: a shard refused the push for another reason, or kept finding it stale.
+            PushRefused: a shard refused the push for another reason, or kept finding it
+                stale; it names the shards that never applied the minibatch.
         """
         self._ensure_model(features)
+        self._sequence += 1  # the minibatch's, for every push of it
         if self._overlap:
             return self._train_overlapped(features, labels)
+        waiting = list(range(self._ps.num_ps))  # the shards that have not applied it
+        applied_at = {}  # shard -> the version its push was computed against
         for _ in range(self._max_stale_retries + 1):
             self._pull()
-            loss, responses = self._push(*self._step(features, labels))
-            refused = [r.reason for r in responses if not r.accepted and not r.stale]
+            versions = list(self._versions)
+            loss, *payload = self._step(features, labels)
+            responses = self._through_outages("a push", lambda: self._ps.push_gradients(
+                self._worker_id, self._sequence, versions, *payload, shards=waiting))
+            applied_at.update({i: versions[i] for i in waiting if responses[i].accepted})
+            stale = [i for i in waiting if responses[i].stale]
+            refused = {i: responses[i].reason for i in waiting
+                       if not responses[i].accepted and not responses[i].stale}
             if refused:
-                raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
-            if not any(r.stale for r in responses):
-                if self._sync:  # wait for the rounds this push joined
-                    self._min_versions = [v + 1 for v in self._versions]
+                raise PushRefused(
+                    f"A parameter server rejected the gradients: {next(iter(refused.values()))}",
+                    {i: _why(responses[i]) for i in [*stale, *refused]},
+                )
+            if not stale:
+                if self._sync:  # wait for the rounds this minibatch joined
+                    self._min_versions = [applied_at[i] + 1 for i in range(self._ps.num_ps)]
                 return loss
             self.stale_pushes += 1
-            self._min_versions = [r.model_version for r in responses]
-        raise PSError(
+            waiting = stale
+            self._min_versions = [responses[i].model_version if i in stale else 0
+                                  for i in range(self._ps.num_ps)]
+        raise PushRefused(
             f"The parameter servers rejected this worker's gradients as stale "
-            f"{self._max_stale_retries + 1} times in a row: "
-            f"{next(r.reason for r in responses if r.stale)}"
+            f"{self._max_stale_retries + 1} times in a row: {responses[waiting[0]].reason}",
+            {i: _why(responses[i]) for i in waiting},
         )
 
     def _step(self, features, labels):
-        """Runs the step; returns (loss, dense gradients, fixed values, embedding rows)."""
+        """Runs the step; returns (loss, dense gradients, deltas of the non-trainable
+        variables, embedding rows), the gradients unscaled and clipped."""
+        before = {name: v.numpy() for name, v in self._fixed.items()}
         loss, grads, ids, row_grads = self._train_step(features, labels)
         gradients = {
             name: grad.numpy() if isinstance(grad, tf.Tensor) else grad
@@ -262,16 +296,8 @@ class Trainer:
         embedding_grads = merge_row_gradients(
             [(table, i.numpy()) for table, i in zip(self._looked_up, ids)], row_grads
         )
-        fixed = {name: v.numpy() for name, v in self._fixed.items()}
-        return float(loss), gradients, fixed, embedding_grads
-
-    def _push(self, loss, gradients, fixed, embedding_grads):
-        self._sequence += 1
-        sequence, versions = self._sequence, self._versions
-        responses = self._through_outages("a push", lambda: self._ps.push_gradients(
-            self._worker_id, sequence, versions, gradients, fixed, embedding_grads
-        ))
-        return loss, responses
+        gradients, embedding_grads = self._prep.apply(gradients, embedding_grads)
+        return float(loss), gradients, _deltas(before, self._fixed), embedding_grads
 
     def _train_overlapped(self, features, labels):
         if self._versions is None:
@@ -279,15 +305,14 @@ class Trainer:
         computed_against = list(self._versions)
         loss, *payload = self._step(features, labels)
         self._land()  # the previous push is in and its pull assigned, after this step ran
-        self._sequence += 1
         self._pending = self._background.submit(
             self._push_and_pull, self._sequence, computed_against, *payload
         )
         return loss
 
-    def _push_and_pull(self, sequence, versions, gradients, fixed, embedding_grads):
+    def _push_and_pull(self, sequence, versions, gradients, deltas, embedding_grads):
         responses = self._through_outages("a push", lambda: self._ps.push_gradients(
-            self._worker_id, sequence, versions, gradients, fixed, embedding_grads
+            self._worker_id, sequence, versions, gradients, deltas, embedding_grads
         ))
         return responses, self._through_outages("a pull", self._ps.pull_dense)
 
@@ -359,13 +384,69 @@ def _accepted(pending):
     """The pull of a finished background push and pull, if every shard accepted the push.
 
     Raises:
-        PSError: a shard refused it. Whatever the push or the pull raised.
+        PushRefused: a shard refused it. Whatever the push or the pull raised.
     """
     responses, pulled = pending.result()
-    refused = [r.reason for r in responses if not r.accepted]
+    refused = {i: r for i, r in enumerate(responses) if not r.accepted}
     if refused:
-        raise PSError(f"A parameter server rejected the gradients: {refused[0]}")
+        raise PushRefused(
+            f"A parameter server rejected the gradients: {next(iter(refused.values())).reason}",
+            {i: _why(r) for i, r in refused.items()})
     return pulled
+
+
+def _why(response):
+    """A refused push's reason as the job summary groups it."""
+    return "stale" if response.stale else response.reason[:200]
+
+
+def _deltas(before, variables):
+    """`{name: change}` of the numeric `variables` that changed since `before`.
+
+    Raises:
+        ModelSpecError: a variable that is not a number changed (it cannot be merged).
+    """
+    deltas = {}
+    for name, variable in variables.items():
+        old, new = before[name], variable.numpy()
+        if old.dtype.kind in "iuf":
+            delta = new - old
+            if delta.any():
+                deltas[name] = delta
+        elif not np.array_equal(old, new):
+            raise ModelSpecError(
+                f"The model's non-trainable variable {name!r} changed in a training step, "
+                "but only numeric ones can be merged across workers (as deltas). Received: "
+                f"dtype {old.dtype.name}"
+            )
+    return deltas
+
+
+def _variable_options(optimizer, trainable, fixed):
+    """The `VariableOptions` messages of the dense variables, for InitModel.
+
+    Raises:
+        ModelSpecError: a variable has a constraint that is not one of Keras's built-in
+            constraints (the parameter servers apply it and cannot import the module).
+    """
+    options = []
+    decays = bool(optimizer.weight_decay)
+    for name, variable in {**trainable, **fixed}.items():
+        constraint = getattr(variable, "constraint", None)
+        if constraint is not None and not type(constraint).__module__.startswith("keras."):
+            raise ModelSpecError(
+                f"Variable {name!r} has a constraint the parameter servers cannot rebuild: "
+                "only Keras's built-in constraints (keras.constraints.*) are supported. "
+                f"Received: {type(constraint).__module__}.{type(constraint).__qualname__}"
+            )
+        options.append(pserver_pb2.VariableOptions(
+            name=name, trainable=name in trainable,
+            constraint=(json.dumps(keras.constraints.serialize(constraint))
+                        if constraint is not None and name in trainable else ""),
+            exclude_from_weight_decay=(decays and name in trainable
+                                       and not optimizer._use_weight_decay(variable)),
+        ))
+    return options
 
 
 def _compile(fn, what):

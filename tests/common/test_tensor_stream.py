@@ -116,7 +116,7 @@ def test_a_push_without_tensors_is_one_part_with_its_header():
 def test_push_parts_carry_the_header_first_and_only_there():
     options = TransferOptions("none", 4096)
     header = pserver_pb2.PushHeader(worker_id=1, sequence=2,
-                                    assign=[tensor_codec.encode("steps", np.array(4))])
+                                    deltas=[tensor_codec.encode("steps", np.array(4))])
     parts = list(tensor_stream.push_parts(header, options.encode(_pairs()), options))
     assert len(parts) > 3
     messages = [chunking.decode_frame(p, pserver_pb2.PushGradientsPart).message for p in parts]

@@ -55,7 +55,7 @@ def new_shard(values, optimizer="adam"):
 
 def make_push(rng, sequence, dense_names, worker_id=0, table_ids=None, assign=True):
     """A push with gradients for `dense_names` and rows of both tables (random ids), and,
-    with `assign`, a new value of the non-trainable "steps"."""
+    with `assign`, a delta of the non-trainable "steps"."""
     gradients = [(n, rng.standard_normal(SHAPES[n]).astype(np.float32)) for n in dense_names]
     for table in TABLES:
         ids = table_ids[table.name] if table_ids else rng.choice(50, 6, replace=False)
@@ -63,7 +63,7 @@ def make_push(rng, sequence, dense_names, worker_id=0, table_ids=None, assign=Tr
         gradients.append((table.name, tensor_codec.Slices(rows, ids, (0, table.dim))))
     steps = (("steps", np.array(sequence, np.int64)),) if assign else ()
     return Push(worker_id=worker_id, sequence=sequence, gradients=tuple(gradients),
-                assign=steps)
+                deltas=steps)
 
 
 def train(parameters, seed, steps, first_sequence=1, names=SHAPES):

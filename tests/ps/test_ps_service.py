@@ -31,11 +31,16 @@ def optimizer_config(optimizer):
     return json.dumps(keras.optimizers.serialize(optimizer))
 
 
+NON_TRAINABLE = ("bn/moving_mean", "steps")
+
+
 def init(stub, values=INITIAL, optimizer=None):
     return stub.InitModel(
         pserver_pb2.InitModelRequest(
             dense=[tensor_codec.encode(n, v) for n, v in values.items()],
             optimizer_config=optimizer_config(optimizer or keras.optimizers.SGD(LR)),
+            variables=[pserver_pb2.VariableOptions(name=n, trainable=n not in NON_TRAINABLE)
+                       for n in values],
         )
     )
 
@@ -47,7 +52,7 @@ def pull(stub, known_version=-1):
     return response.initialized, response.model_version, values
 
 
-def push(stub, gradients=(), assign=(), worker_id=0, sequence=1):
+def push(stub, gradients=(), deltas=(), worker_id=0, sequence=1):
     """Pushes wire tensors (or `{name: value}` dicts, encoded here)."""
     def wire(tensors):
         if isinstance(tensors, dict):
@@ -57,7 +62,7 @@ def push(stub, gradients=(), assign=(), worker_id=0, sequence=1):
     return stub.PushGradients(
         pserver_pb2.PushGradientsRequest(
             worker_id=worker_id, sequence=sequence, model_version=0,
-            gradients=wire(gradients), assign=wire(assign),
+            gradients=wire(gradients), deltas=wire(deltas),
         )
     )
 
@@ -224,16 +229,16 @@ def test_sparse_push_changes_only_touched_rows(stub):
     np.testing.assert_array_equal(table[untouched], before[untouched])
 
 
-def test_assign_replaces_non_trainable_values_last_writer_wins(stub):
+def test_deltas_of_non_trainable_values_add_up_across_workers(stub):
     init(stub)
     first = {"bn/moving_mean": np.array([1, 2, 3], np.float32), "steps": np.array(5, np.int64)}
-    second = {"bn/moving_mean": np.array([4, 5, 6], np.float64)}
-    push(stub, assign=first, worker_id=0, sequence=1)
-    assert push(stub, assign=second, worker_id=1, sequence=1).model_version == 2
+    second = {"bn/moving_mean": np.array([4, 5, 6], np.float64), "steps": np.array(2, np.int64)}
+    push(stub, deltas=first, worker_id=0, sequence=1)
+    assert push(stub, deltas=second, worker_id=1, sequence=1).model_version == 2
     _, _, values = pull(stub)
-    np.testing.assert_array_equal(values["bn/moving_mean"], [4, 5, 6])
+    np.testing.assert_array_equal(values["bn/moving_mean"], [5, 7, 9])
     assert values["bn/moving_mean"].dtype == np.float32
-    assert values["steps"] == 5
+    assert values["steps"] == 7
     np.testing.assert_array_equal(values["dense/kernel"], INITIAL["dense/kernel"])
 
 
@@ -288,17 +293,20 @@ BAD_PUSHES = {
     "repeated name": (dict(gradients=[BIAS, BIAS]), "once"),
     "gradient for an integer variable": (
         dict(gradients=[BIAS, tensor_codec.encode("steps", np.array(1, np.int64))]),
-        "floating-point"),
-    "good gradient, bad assign": (
+        "trainable"),
+    "gradient for a non-trainable variable": (
+        dict(gradients=[BIAS, tensor_codec.encode("bn/moving_mean", np.ones(3, np.float32))]),
+        "trainable"),
+    "good gradient, bad delta": (
         dict(gradients=[BIAS],
-             assign=[tensor_codec.encode("bn/moving_mean", np.ones(4, np.float32))]),
+             deltas=[tensor_codec.encode("bn/moving_mean", np.ones(4, np.float32))]),
         "shape"),
-    "assign not castable": (
-        dict(gradients=[BIAS], assign=[tensor_codec.encode("steps", np.array(1.5, np.float32))]),
+    "delta not castable": (
+        dict(gradients=[BIAS], deltas=[tensor_codec.encode("steps", np.array(1.5, np.float32))]),
         "castable"),
-    "both gradient and assign": (
-        dict(gradients=[BIAS], assign=[tensor_codec.encode("dense/bias", np.ones(3, np.float32))]),
-        "both"),
+    "delta of a trainable variable": (
+        dict(gradients=[BIAS], deltas=[tensor_codec.encode("dense/bias", np.ones(3, np.float32))]),
+        "non-trainable"),
 }
 
 

@@ -221,7 +221,7 @@ def _parts(compression="lz4", sequence=1, dtype="float32"):
     options = TransferOptions(compression, CHUNK, dtype)
     header = pserver_pb2.PushHeader(
         worker_id=2, sequence=sequence,
-        assign=[tensor_codec.encode("steps", np.array(9, np.int64))])
+        deltas=[tensor_codec.encode("steps", np.array(9, np.int64))])
     frames = [chunking.decode_frame(raw, pserver_pb2.PushGradientsPart)
               for raw in push_parts(header, options.encode(GRADS.items()), options)]
     assert len(frames) > 3
