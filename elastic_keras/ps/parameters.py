@@ -315,7 +315,7 @@ class Parameters:
         return PullResult(
             initialized=True,
             model_version=version,
-            dense={name: t.numpy() for name, t in tensors.items()},
+            dense={name: np.asarray(t) for name, t in tensors.items()},
         )
 
     def push(self, push):

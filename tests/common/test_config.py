@@ -36,6 +36,9 @@ def test_snake_case_flags_are_accepted():
         (dict(chunk_bytes=100), "--chunk-bytes must be between 1024 and 268435456. Received: 100"),
         (dict(transfer_dtype="fp8"),
          "--transfer-dtype must be one of float32, float16, bfloat16. Received: 'fp8'"),
+        (dict(grads_to_wait=3, num_workers=2),
+         "--grads-to-wait must be at most --num-workers.*Received: --grads-to-wait 3 with "
+         "--num-workers 2"),
     ],
 )
 def test_bad_job_values_are_named(kwargs, message):

@@ -438,3 +438,15 @@ def test_a_submodule_not_found_in_an_existing_package(tmp_path):
 def test_a_malformed_model_def(tmp_path, model_def):
     with pytest.raises(ModelSpecError, match="--model-def must"):
         load_model_spec(str(tmp_path), model_def)
+
+
+def test_check_refuses_a_loss_scale_optimizer_by_name(tmp_path):
+    module = write_module(tmp_path, optimizer=(
+        "def optimizer():\n"
+        "    return keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))\n"))
+    spec = load_model_spec(str(tmp_path), module)
+    with pytest.raises(ModelSpecError) as info:
+        spec.check()
+    assert str(info.value).startswith(f"Model module '{module}': optimizer() returned a "
+                                      "LossScaleOptimizer")
+    assert "loss_scale_factor" in str(info.value)
