@@ -248,7 +248,7 @@ def compare_calls(ps, sizes, quick):
             ),
             "pull": (
                 lambda: tensor_stream.decode_tensors(
-                    tensor_stream.read_pull(stub.PullDenseStream(pull))[2]),
+                    tensor_stream.read_pull(stub.PullDenseStream(pull))[1]),
                 lambda: tensor_stream.decode_tensors(stub.PullDense(pull).dense),
             ),
         }

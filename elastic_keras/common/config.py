@@ -264,7 +264,7 @@ class JobConfig:
     def records_per_task(self):
         return self.minibatch_size * self.num_minibatches_per_task
 
-    def ps_config(self, ps_id, master_addr, port=0, restore_from=""):
+    def ps_config(self, ps_id, master_addr, port=0, restore_from="", min_version=0):
         return PSConfig(
             ps_id=ps_id,
             num_ps=self.num_ps,
@@ -280,6 +280,7 @@ class JobConfig:
             host=self.host,
             port=port,
             restore_from=restore_from,
+            min_version=min_version,
             log_level=self.log_level,
         )
 
@@ -332,12 +333,17 @@ class PSConfig:
         "starts from, re-sharded when it was written by a different number of parameter "
         "servers."
     )
+    min_version: int = _flag(
+        0, help="The lowest version this shard starts at, from a checkpoint or a new model "
+        "(a relaunched shard: the highest it had reached), so versions never go backwards."
+    )
     log_level: str = _flag("info", help="Logging level.", choices=LOG_LEVELS)
 
     def __post_init__(self):
         _check_transfer(self)
         _check_positive(self, "num_ps")
-        _check_non_negative(self, "ps_id", "port", "grads_to_wait", "max_staleness")
+        _check_non_negative(self, "ps_id", "port", "grads_to_wait", "max_staleness",
+                            "min_version")
         if self.ps_id >= self.num_ps:
             raise ConfigError(
                 f"--ps-id must be below --num-ps ({self.num_ps}). Received: {self.ps_id}"

@@ -24,6 +24,8 @@ whole request (256 KiB by default); a larger push that fails in flight raises, a
 it is safe since its (worker, sequence) makes a shard apply it at most once.
 """
 
+import time
+
 import numpy as np
 
 from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
@@ -31,12 +33,16 @@ from elastic_keras.proto import pserver_pb2
 
 UNARY_MAX_BYTES = 256 << 10
 _UNARY_CODECS = ("none", "auto")
+# A push a shard holds back while it takes a checkpoint is sent again after this pause.
+HELD_RETRY_S = 0.02
 
 # InitModel keeps the first model; pulls change nothing (a pulled embedding row is created
 # once, deterministically); a push carries (worker, sequence) and is applied at most once.
-# A repeated SaveCheckpoint rewrites the shard's file atomically and says what it wrote.
+# A repeated PrepareCheckpoint holds again; a repeated SaveCheckpoint rewrites the shard's
+# file atomically and says what it wrote.
 _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
-               "PushGradientsStream", "PullEmbedding", "PullTable", "SaveCheckpoint")
+               "PushGradientsStream", "PullEmbedding", "PullTable", "PrepareCheckpoint",
+               "SaveCheckpoint")
 
 
 class PSClient:
@@ -60,6 +66,8 @@ class PSClient:
         self._stubs = [rpc.Stub(c, tensor_stream.PSERVER) for c in self._channels]
         # (shard, full precision) -> bytes of the tensors of the last pull that sent any.
         self._pull_bytes = {}
+        # Per shard, the incarnation of the last pull: what pushes are computed against.
+        self._incarnations = [0] * len(self._stubs)
 
     @property
     def num_ps(self):
@@ -121,7 +129,8 @@ class PSClient:
         for shard, (stub, k, m) in enumerate(zip(self._stubs, known, least)):
             request = pserver_pb2.PullDenseRequest(known_version=k, min_version=m,
                                                    full_precision=full_precision,
-                                                   averaged=averaged)
+                                                   averaged=averaged,
+                                                   known_incarnation=self._incarnations[shard])
             if self._pull_unary(shard, full_precision):
                 calls.append((False, stub.PullDense.future(request)))
             else:
@@ -129,11 +138,13 @@ class PSClient:
         values, initialized, versions = {}, True, []
         for shard, (streamed, call) in enumerate(calls):
             if streamed:
-                shard_initialized, version, tensors = tensor_stream.read_pull(call)
+                response, tensors = tensor_stream.read_pull(call)
             else:
                 response = call.result()
-                shard_initialized, version = response.initialized, response.model_version
                 tensors = response.dense
+            shard_initialized, version = response.initialized, response.model_version
+            if response.initialized:
+                self._incarnations[shard] = response.incarnation
             if tensors:
                 self._pull_bytes[(shard, full_precision)] = tensor_stream.payload_bytes(tensors)
             values.update(tensor_stream.decode_tensors(tensors))
@@ -202,8 +213,10 @@ class PSClient:
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
+            A push a shard holds back while it takes a checkpoint is sent again until it is
+            answered otherwise (the hold ends by itself).
         """
-        shards = range(self.num_ps) if shards is None else shards
+        shards = list(range(self.num_ps)) if shards is None else list(shards)
         grads = partition.split_dense(gradients, self.num_ps)
         deltas = partition.split_dense(deltas or {}, self.num_ps)
         pairs = [list(grads[i].items()) for i in range(self.num_ps)]
@@ -213,21 +226,29 @@ class PSClient:
                 if len(where):
                     pairs[shard].append((table, tensor_codec.Slices(
                         rows[where], ids[where], (0, rows.shape[1]))))
-        calls = {}
-        for i in shards:
-            stub = self._stubs[i]
-            tensors = self.transfer.encode(pairs[i])
-            header = dict(worker_id=worker_id, sequence=sequence, model_version=versions[i],
-                          deltas=[tensor_codec.encode(n, v) for n, v in deltas[i].items()])
-            if self._push_unary(tensors):
-                request = pserver_pb2.PushGradientsRequest(
-                    gradients=[tensor_codec.to_message(t) for t in tensors], **header)
-                calls[i] = stub.PushGradients.future(request)
-            else:
-                parts = tensor_stream.push_parts(pserver_pb2.PushHeader(**header), tensors,
-                                                 self.transfer)
-                calls[i] = stub.PushGradientsStream.future(parts)
-        return [calls[i].result() if i in calls else None for i in range(self.num_ps)]
+        encoded = {i: self.transfer.encode(pairs[i]) for i in shards}
+        responses = [None] * self.num_ps
+        while shards:
+            calls = {}
+            for i in shards:
+                stub, tensors = self._stubs[i], encoded[i]
+                header = dict(worker_id=worker_id, sequence=sequence, model_version=versions[i],
+                              deltas=[tensor_codec.encode(n, v) for n, v in deltas[i].items()],
+                              incarnation=self._incarnations[i])
+                if self._push_unary(tensors):
+                    request = pserver_pb2.PushGradientsRequest(
+                        gradients=[tensor_codec.to_message(t) for t in tensors], **header)
+                    calls[i] = stub.PushGradients.future(request)
+                else:
+                    parts = tensor_stream.push_parts(pserver_pb2.PushHeader(**header), tensors,
+                                                     self.transfer)
+                    calls[i] = stub.PushGradientsStream.future(parts)
+            for i, call in calls.items():
+                responses[i] = call.result()
+            shards = [i for i in shards if responses[i].held]
+            if shards:
+                time.sleep(HELD_RETRY_S)
+        return responses
 
     def _push_unary(self, tensors):
         """Whether a push of these wire tensors goes unary (see the module's rule)."""
@@ -250,13 +271,29 @@ class PSClient:
             return np.zeros(0, np.int64), None
         return np.concatenate(ids), np.concatenate(rows)
 
-    def save_checkpoint(self, path, timeout_s=None):
+    def prepare_checkpoint(self, checkpoint_id, hold_s, timeout_s=None):
+        """Has every shard hold pushes back for checkpoint `checkpoint_id` (see
+        `pserver.proto`); returns the cut: per worker, the highest sequence any shard
+        applied."""
+        request = pserver_pb2.PrepareCheckpointRequest(checkpoint_id=checkpoint_id,
+                                                       hold_s=hold_s)
+        calls = [stub.PrepareCheckpoint.future(request, timeout=timeout_s)
+                 for stub in self._stubs]
+        cut = {}
+        for call in calls:
+            for worker, sequence in call.result().applied_sequences.items():
+                cut[worker] = max(sequence, cut.get(worker, sequence))
+        return cut
+
+    def save_checkpoint(self, path, timeout_s=None, checkpoint_id=0, cut=None):
         """Asks every shard to save its state into the checkpoint directory `path`.
 
         Args:
             path: the checkpoint's directory (`CHECKPOINT_DIR/ckpt-N`), absolute, as the
                 shards see it.
             timeout_s: the deadline of each call (default: the client's).
+            checkpoint_id, cut: the checkpoint `prepare_checkpoint` began and the cut it
+                returned (or a part of it); 0: each shard saves as it is now.
 
         Returns:
             The shards' `SaveCheckpointResponse`s (file, bytes, crc32c, model_version), in
@@ -266,7 +303,8 @@ class PSClient:
             grpc.RpcError: a shard could not save (INVALID_ARGUMENT: a bad path;
                 FAILED_PRECONDITION: not initialised; INTERNAL: the write failed).
         """
-        request = pserver_pb2.SaveCheckpointRequest(path=path, num_ps=self.num_ps)
+        request = pserver_pb2.SaveCheckpointRequest(path=path, num_ps=self.num_ps,
+                                                    checkpoint_id=checkpoint_id, cut=cut or {})
         calls = [stub.SaveCheckpoint.future(request, timeout=timeout_s) for stub in self._stubs]
         return [call.result() for call in calls]
 

@@ -176,7 +176,7 @@ def read_push(frames):
     return header, joiner.finish()
 
 
-def pull_parts(initialized, model_version, tensors, options):
+def pull_parts(initialized, model_version, tensors, options, incarnation=0):
     """The frames (`TransferFrame` bytes of `PullDensePart`s) of a streamed dense pull, made
     lazily as they are sent."""
     frames = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
@@ -184,14 +184,15 @@ def pull_parts(initialized, model_version, tensors, options):
     first = next(frames, None) or chunking.Frame(pserver_pb2.PullDensePart(), [])
     first.message.initialized = initialized
     first.message.model_version = model_version
+    first.message.incarnation = incarnation
     yield chunking.encode_frame(first)
     for frame in frames:
         yield chunking.encode_frame(frame)
 
 
 def read_pull(frames):
-    """`(initialized, model_version, [WireTensor])` of a streamed dense pull from its frames
-    (bytes).
+    """`(first PullDensePart, [WireTensor])` of a streamed dense pull from its frames (bytes);
+    the first part carries `initialized`, `model_version` and `incarnation`.
 
     Raises:
         PayloadError: an empty stream, a malformed frame, or a corrupt, missing or reordered
@@ -207,7 +208,7 @@ def read_pull(frames):
     if first is None:
         raise PayloadError("A streamed pull answers with at least one part. "
                            "Received: an empty stream")
-    return first.initialized, first.model_version, joiner.finish()
+    return first, joiner.finish()
 
 
 def embedding_frame(model_version, tensors, options):

@@ -1,18 +1,25 @@
 """The master's side of checkpoints: when to take one, taking it, and what a job resumes from.
 
-A checkpoint is a directory `CHECKPOINT_DIR/ckpt-N/` (see `common/checkpoint.py`). The master
-takes one in three steps, so that the job state it records never claims more than the
-parameters hold:
+A checkpoint is a directory `CHECKPOINT_DIR/ckpt-N/` (see `common/checkpoint.py`) whose
+shard files belong together: every one holds the same minibatches. The master takes one in
+four steps, so that the job state it records never claims more than the parameters hold:
 
 1. it snapshots its job state (which records of which epoch are trained, counters,
    evaluations); a record counts as trained only once its worker's push has landed;
-2. it asks every parameter server to save its shard into the directory (each shard's file
-   then holds at least every update the snapshot counts);
-3. it writes `MANIFEST.json`, holding the job state, last and atomically: only then is the
+2. it has every shard hold pushes back (`PrepareCheckpoint`), which answers with the
+   minibatches it has applied; the cut is, per live worker, the latest minibatch any shard
+   applied (a worker's push may have reached one shard and not yet another);
+3. it asks every shard to save at that cut (`SaveCheckpoint`): a shard lets in the held
+   pushes the cut holds, waits until it has them all, applies its open synchronous round,
+   snapshots, lets pushes through again and writes its file (each file then holds every
+   update the job state counts, and the same minibatches as the others);
+4. it writes `MANIFEST.json`, holding the job state, last and atomically: only then is the
    checkpoint complete, and older ones beyond `--keep-checkpoint-max` are deleted.
 
-Updates that land between steps 1 and 2 are in the shards but not in the job state; after a
-resume their records are trained again (counted as "more than once").
+A shard that does not reach the cut while it holds (`HOLD_S`: a worker died between two
+shards) fails the checkpoint, which is skipped; the previous one stays the latest. Updates
+that land between steps 1 and 2 are in the shards but not in the job state; after a resume
+their records are trained again (counted as "more than once").
 """
 
 import logging
@@ -26,6 +33,7 @@ from elastic_keras.common.errors import CheckpointError, ConfigError
 logger = logging.getLogger(__name__)
 
 JOB_STATE_FORMAT = 1
+HOLD_S = 30.0  # how long shards hold pushes back for a checkpoint at most
 
 
 class JobCheckpoints:
@@ -97,8 +105,12 @@ class JobCheckpoints:
         """Whether `--checkpoint-steps` versions have passed since the last checkpoint."""
         return self.enabled and self.steps > 0 and model_version >= self._next_version
 
-    def save(self, ps_client, job_state):
+    def save(self, ps_client, job_state, live_workers=None):
         """Takes a checkpoint holding `job_state` (snapshotted by the caller just before).
+
+        Args:
+            live_workers: ids of the workers alive now; the cut waits for their minibatches
+                only (None: for every worker's a shard applied).
 
         Returns:
             The checkpoint's path, or "" when it failed (logged; the previous one stays the
@@ -108,7 +120,10 @@ class JobCheckpoints:
         try:
             number = layout.next_number(self.root)
             path = layout.checkpoint_path(self.root, number)
-            shards = ps_client.save_checkpoint(path)
+            cut = ps_client.prepare_checkpoint(number, HOLD_S)
+            if live_workers is not None:
+                cut = {w: s for w, s in cut.items() if w in live_workers}
+            shards = ps_client.save_checkpoint(path, HOLD_S + 30.0, number, cut)
             layout.write_manifest(path, {
                 "number": number,
                 "num_ps": len(shards),

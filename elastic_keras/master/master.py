@@ -27,7 +27,7 @@ import time
 
 from elastic_keras.common import rpc
 from elastic_keras.common.config import to_argv
-from elastic_keras.common.errors import ConfigError
+from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.common.metrics import MetricSums
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.data.shards import list_shards
@@ -141,7 +141,11 @@ class Master:
             trained = records_done if error or abandoned else task.num_records
             self.throughput.add(max(0, trained - before), None if error else loss)
         elif outcome == "done":
-            self._eval_sums.add(metric_states)
+            try:
+                self._eval_sums.add(metric_states)
+            except PayloadError as exc:  # nothing of this task's states was added
+                logger.error("Worker %d sent evaluation metrics that cannot be merged: %s",
+                             worker_id, exc)
             self._eval_versions.append(model_version)
         if abandoned:
             logger.info("Worker %d handed back %s task %d after %d records", worker_id,
@@ -278,8 +282,9 @@ class Master:
 
     # -- roles -----------------------------------------------------------------------------
 
-    def _start_ps(self, ps_id, port=0, restore_from=""):
-        args = to_argv(self.config.ps_config(ps_id, self._address, port, restore_from))
+    def _start_ps(self, ps_id, port=0, restore_from="", min_version=0):
+        args = to_argv(self.config.ps_config(ps_id, self._address, port, restore_from,
+                                             min_version))
         self.engine.start(RoleSpec(RoleType.PS, ps_id, "elastic_keras.ps", tuple(args)))
 
     def _start_worker(self, worker_id):
@@ -395,7 +400,8 @@ class Master:
         _, addresses = self.membership.ps_addresses()
         port = int(addresses[spec.index].rsplit(":", 1)[1]) if addresses else 0
         restore = self.checkpoints.latest() or self._restore_from
-        self._start_ps(spec.index, port, restore)
+        # Its version goes on from the highest it reported, not back to the checkpoint's.
+        self._start_ps(spec.index, port, restore, self.membership.ps_version(spec.index))
         logger.warning(
             "%s exited with code %d; relaunched it (%d of %d) %s, %s. Workers wait for it.",
             spec.name, exit_.exit_code, self._relaunches[spec.name], budget,
@@ -463,10 +469,15 @@ class Master:
 
     def _checkpoint(self, finished=False):
         """Snapshots the job state, then has every shard save (see `master/checkpoints`)."""
-        self.checkpoints.save(self._ps_client, self._job_state(finished))
+        live = {s.index for s in self.engine.running() if s.type == RoleType.WORKER}
+        self.checkpoints.save(self._ps_client, self._job_state(finished), live)
 
     def _close_evaluation(self, finished_round):
-        metrics = self._eval_sums.results(self.spec.eval_metrics_fn)
+        try:
+            metrics = self._eval_sums.results(self.spec.eval_metrics_fn)
+        except PayloadError as exc:
+            logger.error("The evaluation's metrics cannot be computed: %s", exc)
+            metrics = {}
         self._eval_sums = MetricSums()
         # Workers report the version they evaluated; with training paused it is one version.
         version = max(self._eval_versions, default=finished_round.model_version)

@@ -103,6 +103,11 @@ class Membership:
                 for i in range(self.num_ps)
             )
 
+    def ps_version(self, ps_id):
+        """The highest version shard `ps_id` reported (0: none)."""
+        with self._lock:
+            return self._ps_versions.get(ps_id, 0)
+
     @property
     def model_version(self):
         """The highest version any shard reported."""

@@ -26,13 +26,17 @@ from elastic_keras.proto import tensor_pb2 as elastic__keras_dot_proto_dot_tenso
 from elastic_keras.proto import transfer_pb2 as elastic__keras_dot_proto_dot_transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!elastic_keras/proto/pserver.proto\x12\relastic_keras\x1a elastic_keras/proto/tensor.proto\x1a\"elastic_keras/proto/transfer.proto\"f\n\x12\x45mbeddingTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x11\n\tinput_dim\x18\x03 \x01(\x03\x12\x13\n\x0binitializer\x18\x04 \x01(\t\x12\r\n\x05\x64type\x18\x05 \x01(\t\"i\n\x0fVariableOptions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttrainable\x18\x02 \x01(\x08\x12\x12\n\nconstraint\x18\x03 \x01(\t\x12!\n\x19\x65xclude_from_weight_decay\x18\x04 \x01(\x08\"\xc2\x01\n\x10InitModelRequest\x12$\n\x05\x64\x65nse\x18\x01 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12\x18\n\x10optimizer_config\x18\x02 \x01(\t\x12;\n\x10\x65mbedding_tables\x18\x03 \x03(\x0b\x32!.elastic_keras.EmbeddingTableSpec\x12\x31\n\tvariables\x18\x04 \x03(\x0b\x32\x1e.elastic_keras.VariableOptions\"C\n\x11InitModelResponse\x12\x17\n\x0finitialized_now\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"h\n\x10PullDenseRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\x12\x16\n\x0e\x66ull_precision\x18\x03 \x01(\x08\x12\x10\n\x08\x61veraged\x18\x04 \x01(\x08\"e\n\x11PullDenseResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12$\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x15.elastic_keras.Tensor\"i\n\rPullDensePart\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12,\n\x06pieces\x18\x03 \x03(\x0b\x32\x1c.elastic_keras.TransferPiece\":\n\x14PullEmbeddingRequest\x12\"\n\x03ids\x18\x01 \x03(\x0b\x32\x15.elastic_keras.Tensor\"b\n\x15PullEmbeddingResponse\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12,\n\x06pieces\x18\x03 \x03(\x0b\x32\x1c.elastic_keras.TransferPieceJ\x04\x08\x01\x10\x02\"9\n\x10PullTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x16\n\x0erows_per_chunk\x18\x02 \x01(\x03\"8\n\x11PullTableResponse\x12#\n\x04rows\x18\x01 \x01(\x0b\x32\x15.elastic_keras.Tensor\"\xa3\x01\n\x14PushGradientsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12(\n\tgradients\x18\x04 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12%\n\x06\x64\x65ltas\x18\x05 \x03(\x0b\x32\x15.elastic_keras.Tensor\"o\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12%\n\x06\x64\x65ltas\x18\x04 \x03(\x0b\x32\x15.elastic_keras.Tensor\"l\n\x11PushGradientsPart\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.elastic_keras.PushHeader\x12,\n\x06pieces\x18\x02 \x03(\x0b\x32\x1c.elastic_keras.TransferPiece\"_\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05stale\x18\x04 \x01(\x08\"5\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06num_ps\x18\x02 \x01(\x05\"\\\n\x16SaveCheckpointResponse\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x63rc32c\x18\x03 \x01(\r\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x32\xbb\x05\n\x07PServer\x12N\n\tInitModel\x12\x1f.elastic_keras.InitModelRequest\x1a .elastic_keras.InitModelResponse\x12N\n\tPullDense\x12\x1f.elastic_keras.PullDenseRequest\x1a .elastic_keras.PullDenseResponse\x12Z\n\rPushGradients\x12#.elastic_keras.PushGradientsRequest\x1a$.elastic_keras.PushGradientsResponse\x12R\n\x0fPullDenseStream\x12\x1f.elastic_keras.PullDenseRequest\x1a\x1c.elastic_keras.TransferFrame0\x01\x12[\n\x13PushGradientsStream\x12\x1c.elastic_keras.TransferFrame\x1a$.elastic_keras.PushGradientsResponse(\x01\x12R\n\rPullEmbedding\x12#.elastic_keras.PullEmbeddingRequest\x1a\x1c.elastic_keras.TransferFrame\x12P\n\tPullTable\x12\x1f.elastic_keras.PullTableRequest\x1a .elastic_keras.PullTableResponse0\x01\x12]\n\x0eSaveCheckpoint\x12$.elastic_keras.SaveCheckpointRequest\x1a%.elastic_keras.SaveCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!elastic_keras/proto/pserver.proto\x12\relastic_keras\x1a elastic_keras/proto/tensor.proto\x1a\"elastic_keras/proto/transfer.proto\"f\n\x12\x45mbeddingTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x11\n\tinput_dim\x18\x03 \x01(\x03\x12\x13\n\x0binitializer\x18\x04 \x01(\t\x12\r\n\x05\x64type\x18\x05 \x01(\t\"i\n\x0fVariableOptions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttrainable\x18\x02 \x01(\x08\x12\x12\n\nconstraint\x18\x03 \x01(\t\x12!\n\x19\x65xclude_from_weight_decay\x18\x04 \x01(\x08\"\xc2\x01\n\x10InitModelRequest\x12$\n\x05\x64\x65nse\x18\x01 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12\x18\n\x10optimizer_config\x18\x02 \x01(\t\x12;\n\x10\x65mbedding_tables\x18\x03 \x03(\x0b\x32!.elastic_keras.EmbeddingTableSpec\x12\x31\n\tvariables\x18\x04 \x03(\x0b\x32\x1e.elastic_keras.VariableOptions\"C\n\x11InitModelResponse\x12\x17\n\x0finitialized_now\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"\x83\x01\n\x10PullDenseRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\x12\x16\n\x0e\x66ull_precision\x18\x03 \x01(\x08\x12\x10\n\x08\x61veraged\x18\x04 \x01(\x08\x12\x19\n\x11known_incarnation\x18\x05 \x01(\x04\"z\n\x11PullDenseResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12$\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x15.elastic_keras.Tensor\"~\n\rPullDensePart\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12,\n\x06pieces\x18\x03 \x03(\x0b\x32\x1c.elastic_keras.TransferPiece\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\":\n\x14PullEmbeddingRequest\x12\"\n\x03ids\x18\x01 \x03(\x0b\x32\x15.elastic_keras.Tensor\"b\n\x15PullEmbeddingResponse\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12,\n\x06pieces\x18\x03 \x03(\x0b\x32\x1c.elastic_keras.TransferPieceJ\x04\x08\x01\x10\x02\"9\n\x10PullTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x16\n\x0erows_per_chunk\x18\x02 \x01(\x03\"8\n\x11PullTableResponse\x12#\n\x04rows\x18\x01 \x01(\x0b\x32\x15.elastic_keras.Tensor\"\xb8\x01\n\x14PushGradientsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12(\n\tgradients\x18\x04 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12%\n\x06\x64\x65ltas\x18\x05 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\"\x84\x01\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12%\n\x06\x64\x65ltas\x18\x04 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12\x13\n\x0bincarnation\x18\x05 \x01(\x04\"l\n\x11PushGradientsPart\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.elastic_keras.PushHeader\x12,\n\x06pieces\x18\x02 \x03(\x0b\x32\x1c.elastic_keras.TransferPiece\"m\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05stale\x18\x04 \x01(\x08\x12\x0c\n\x04held\x18\x05 \x01(\x08\"A\n\x18PrepareCheckpointRequest\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\x12\x0e\n\x06hold_s\x18\x02 \x01(\x01\"\xc6\x01\n\x19PrepareCheckpointResponse\x12Y\n\x11\x61pplied_sequences\x18\x01 \x03(\x0b\x32>.elastic_keras.PrepareCheckpointResponse.AppliedSequencesEntry\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x1a\x37\n\x15\x41ppliedSequencesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb4\x01\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06num_ps\x18\x02 \x01(\x05\x12\x15\n\rcheckpoint_id\x18\x03 \x01(\x03\x12:\n\x03\x63ut\x18\x04 \x03(\x0b\x32-.elastic_keras.SaveCheckpointRequest.CutEntry\x1a*\n\x08\x43utEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\\\n\x16SaveCheckpointResponse\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x63rc32c\x18\x03 \x01(\r\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x32\xa3\x06\n\x07PServer\x12N\n\tInitModel\x12\x1f.elastic_keras.InitModelRequest\x1a .elastic_keras.InitModelResponse\x12N\n\tPullDense\x12\x1f.elastic_keras.PullDenseRequest\x1a .elastic_keras.PullDenseResponse\x12Z\n\rPushGradients\x12#.elastic_keras.PushGradientsRequest\x1a$.elastic_keras.PushGradientsResponse\x12R\n\x0fPullDenseStream\x12\x1f.elastic_keras.PullDenseRequest\x1a\x1c.elastic_keras.TransferFrame0\x01\x12[\n\x13PushGradientsStream\x12\x1c.elastic_keras.TransferFrame\x1a$.elastic_keras.PushGradientsResponse(\x01\x12R\n\rPullEmbedding\x12#.elastic_keras.PullEmbeddingRequest\x1a\x1c.elastic_keras.TransferFrame\x12P\n\tPullTable\x12\x1f.elastic_keras.PullTableRequest\x1a .elastic_keras.PullTableResponse0\x01\x12\x66\n\x11PrepareCheckpoint\x12\'.elastic_keras.PrepareCheckpointRequest\x1a(.elastic_keras.PrepareCheckpointResponse\x12]\n\x0eSaveCheckpoint\x12$.elastic_keras.SaveCheckpointRequest\x1a%.elastic_keras.SaveCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elastic_keras.proto.pserver_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PREPARECHECKPOINTRESPONSE_APPLIEDSEQUENCESENTRY']._loaded_options = None
+  _globals['_PREPARECHECKPOINTRESPONSE_APPLIEDSEQUENCESENTRY']._serialized_options = b'8\001'
+  _globals['_SAVECHECKPOINTREQUEST_CUTENTRY']._loaded_options = None
+  _globals['_SAVECHECKPOINTREQUEST_CUTENTRY']._serialized_options = b'8\001'
   _globals['_EMBEDDINGTABLESPEC']._serialized_start=122
   _globals['_EMBEDDINGTABLESPEC']._serialized_end=224
   _globals['_VARIABLEOPTIONS']._serialized_start=226
@@ -41,32 +45,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITMODELREQUEST']._serialized_end=528
   _globals['_INITMODELRESPONSE']._serialized_start=530
   _globals['_INITMODELRESPONSE']._serialized_end=597
-  _globals['_PULLDENSEREQUEST']._serialized_start=599
-  _globals['_PULLDENSEREQUEST']._serialized_end=703
-  _globals['_PULLDENSERESPONSE']._serialized_start=705
-  _globals['_PULLDENSERESPONSE']._serialized_end=806
-  _globals['_PULLDENSEPART']._serialized_start=808
-  _globals['_PULLDENSEPART']._serialized_end=913
-  _globals['_PULLEMBEDDINGREQUEST']._serialized_start=915
-  _globals['_PULLEMBEDDINGREQUEST']._serialized_end=973
-  _globals['_PULLEMBEDDINGRESPONSE']._serialized_start=975
-  _globals['_PULLEMBEDDINGRESPONSE']._serialized_end=1073
-  _globals['_PULLTABLEREQUEST']._serialized_start=1075
-  _globals['_PULLTABLEREQUEST']._serialized_end=1132
-  _globals['_PULLTABLERESPONSE']._serialized_start=1134
-  _globals['_PULLTABLERESPONSE']._serialized_end=1190
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=1193
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1356
-  _globals['_PUSHHEADER']._serialized_start=1358
-  _globals['_PUSHHEADER']._serialized_end=1469
-  _globals['_PUSHGRADIENTSPART']._serialized_start=1471
-  _globals['_PUSHGRADIENTSPART']._serialized_end=1579
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1581
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1676
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1678
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1731
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1733
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1825
-  _globals['_PSERVER']._serialized_start=1828
-  _globals['_PSERVER']._serialized_end=2527
+  _globals['_PULLDENSEREQUEST']._serialized_start=600
+  _globals['_PULLDENSEREQUEST']._serialized_end=731
+  _globals['_PULLDENSERESPONSE']._serialized_start=733
+  _globals['_PULLDENSERESPONSE']._serialized_end=855
+  _globals['_PULLDENSEPART']._serialized_start=857
+  _globals['_PULLDENSEPART']._serialized_end=983
+  _globals['_PULLEMBEDDINGREQUEST']._serialized_start=985
+  _globals['_PULLEMBEDDINGREQUEST']._serialized_end=1043
+  _globals['_PULLEMBEDDINGRESPONSE']._serialized_start=1045
+  _globals['_PULLEMBEDDINGRESPONSE']._serialized_end=1143
+  _globals['_PULLTABLEREQUEST']._serialized_start=1145
+  _globals['_PULLTABLEREQUEST']._serialized_end=1202
+  _globals['_PULLTABLERESPONSE']._serialized_start=1204
+  _globals['_PULLTABLERESPONSE']._serialized_end=1260
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=1263
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1447
+  _globals['_PUSHHEADER']._serialized_start=1450
+  _globals['_PUSHHEADER']._serialized_end=1582
+  _globals['_PUSHGRADIENTSPART']._serialized_start=1584
+  _globals['_PUSHGRADIENTSPART']._serialized_end=1692
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1694
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1803
+  _globals['_PREPARECHECKPOINTREQUEST']._serialized_start=1805
+  _globals['_PREPARECHECKPOINTREQUEST']._serialized_end=1870
+  _globals['_PREPARECHECKPOINTRESPONSE']._serialized_start=1873
+  _globals['_PREPARECHECKPOINTRESPONSE']._serialized_end=2071
+  _globals['_PREPARECHECKPOINTRESPONSE_APPLIEDSEQUENCESENTRY']._serialized_start=2016
+  _globals['_PREPARECHECKPOINTRESPONSE_APPLIEDSEQUENCESENTRY']._serialized_end=2071
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=2074
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=2254
+  _globals['_SAVECHECKPOINTREQUEST_CUTENTRY']._serialized_start=2212
+  _globals['_SAVECHECKPOINTREQUEST_CUTENTRY']._serialized_end=2254
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=2256
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=2348
+  _globals['_PSERVER']._serialized_start=2351
+  _globals['_PSERVER']._serialized_end=3154
 # @@protoc_insertion_point(module_scope)

@@ -55,36 +55,42 @@ class InitModelResponse(_message.Message):
     def __init__(self, initialized_now: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("known_version", "min_version", "full_precision", "averaged")
+    __slots__ = ("known_version", "min_version", "full_precision", "averaged", "known_incarnation")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     FULL_PRECISION_FIELD_NUMBER: _ClassVar[int]
     AVERAGED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     min_version: int
     full_precision: bool
     averaged: bool
-    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ..., full_precision: _Optional[bool] = ..., averaged: _Optional[bool] = ...) -> None: ...
+    known_incarnation: int
+    def __init__(self, known_version: _Optional[int] = ..., min_version: _Optional[int] = ..., full_precision: _Optional[bool] = ..., averaged: _Optional[bool] = ..., known_incarnation: _Optional[int] = ...) -> None: ...
 
 class PullDenseResponse(_message.Message):
-    __slots__ = ("initialized", "model_version", "dense")
+    __slots__ = ("initialized", "model_version", "incarnation", "dense")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     model_version: int
+    incarnation: int
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PullDensePart(_message.Message):
-    __slots__ = ("initialized", "model_version", "pieces")
+    __slots__ = ("initialized", "model_version", "pieces", "incarnation")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIECES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     model_version: int
     pieces: _containers.RepeatedCompositeFieldContainer[_transfer_pb2.TransferPiece]
-    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PullEmbeddingRequest(_message.Message):
     __slots__ = ("ids",)
@@ -115,30 +121,34 @@ class PullTableResponse(_message.Message):
     def __init__(self, rows: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "deltas")
+    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "deltas", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     DELTAS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
     gradients: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "deltas")
+    __slots__ = ("worker_id", "sequence", "model_version", "deltas", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DELTAS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
     deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PushGradientsPart(_message.Message):
     __slots__ = ("header", "pieces")
@@ -149,24 +159,60 @@ class PushGradientsPart(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
-    __slots__ = ("accepted", "model_version", "reason", "stale")
+    __slots__ = ("accepted", "model_version", "reason", "stale", "held")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     model_version: int
     reason: str
     stale: bool
-    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ..., stale: _Optional[bool] = ...) -> None: ...
+    held: bool
+    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ..., stale: _Optional[bool] = ..., held: _Optional[bool] = ...) -> None: ...
+
+class PrepareCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "hold_s")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLD_S_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: int
+    hold_s: float
+    def __init__(self, checkpoint_id: _Optional[int] = ..., hold_s: _Optional[float] = ...) -> None: ...
+
+class PrepareCheckpointResponse(_message.Message):
+    __slots__ = ("applied_sequences", "model_version")
+    class AppliedSequencesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    APPLIED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    applied_sequences: _containers.ScalarMap[int, int]
+    model_version: int
+    def __init__(self, applied_sequences: _Optional[_Mapping[int, int]] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("path", "num_ps")
+    __slots__ = ("path", "num_ps", "checkpoint_id", "cut")
+    class CutEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     PATH_FIELD_NUMBER: _ClassVar[int]
     NUM_PS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     path: str
     num_ps: int
-    def __init__(self, path: _Optional[str] = ..., num_ps: _Optional[int] = ...) -> None: ...
+    checkpoint_id: int
+    cut: _containers.ScalarMap[int, int]
+    def __init__(self, path: _Optional[str] = ..., num_ps: _Optional[int] = ..., checkpoint_id: _Optional[int] = ..., cut: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("file", "bytes", "crc32c", "model_version")

@@ -70,6 +70,11 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.FromString,
                 _registered_method=True)
+        self.PrepareCheckpoint = channel.unary_unary(
+                '/elastic_keras.PServer/PrepareCheckpoint',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PrepareCheckpointRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PrepareCheckpointResponse.FromString,
+                _registered_method=True)
         self.SaveCheckpoint = channel.unary_unary(
                 '/elastic_keras.PServer/SaveCheckpoint',
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.SerializeToString,
@@ -124,6 +129,12 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SaveCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -167,6 +178,11 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.PullTable,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.SerializeToString,
+            ),
+            'PrepareCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareCheckpoint,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PrepareCheckpointRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PrepareCheckpointResponse.SerializeToString,
             ),
             'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
@@ -363,6 +379,33 @@ class PServer:
             '/elastic_keras.PServer/PullTable',
             elastic__keras_dot_proto_dot_pserver__pb2.PullTableRequest.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.PullTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_keras.PServer/PrepareCheckpoint',
+            elastic__keras_dot_proto_dot_pserver__pb2.PrepareCheckpointRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.PrepareCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

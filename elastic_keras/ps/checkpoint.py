@@ -44,16 +44,20 @@ FORMAT_VERSION = 1
 _META = "meta.json"
 
 
-def save_shard(parameters, ckpt_path, ps_id, num_ps):
+def save_shard(parameters, ckpt_path, ps_id, num_ps, checkpoint_id=0, cut=None):
     """Writes a consistent snapshot of `parameters` to `ckpt_path/ps-{ps_id}-of-{num_ps}.ckpt`.
 
-    The snapshot is taken under the shard's lock; the file is written outside it, atomically
-    (a crash leaves no partial file under the final name). `ckpt_path` is created if missing.
+    The snapshot is taken under the shard's lock (at the cut of checkpoint `checkpoint_id`,
+    see `Parameters.snapshot_at_cut`, when one is given); the file is written outside it,
+    atomically (a crash leaves no partial file under the final name). `ckpt_path` is
+    created if missing.
 
     Args:
         parameters: the shard's `Parameters`.
         ckpt_path: the checkpoint's directory (`CHECKPOINT_DIR/ckpt-N`).
         ps_id: this shard's index. num_ps: the number of shards in the job.
+        checkpoint_id, cut: the checkpoint `prepare_checkpoint` began and its cut
+            (`{worker id: highest sequence}`); 0: a snapshot of the shard as it is now.
 
     Returns:
         The `ShardFile` (name, size, CRC32C of the bytes written, model version) for the
@@ -65,7 +69,8 @@ def save_shard(parameters, ckpt_path, ps_id, num_ps):
         OSError: the file cannot be written.
     """
     name = shard_file_name(ps_id, num_ps)
-    snapshot = parameters.snapshot()
+    snapshot = (parameters.snapshot_at_cut(checkpoint_id, cut or {}) if checkpoint_id
+                else parameters.snapshot())
     os.makedirs(ckpt_path, exist_ok=True)
     with atomic_write(os.path.join(ckpt_path, name)) as f:
         writer = _ChecksummingWriter(f)

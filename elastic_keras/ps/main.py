@@ -79,7 +79,7 @@ def run(config, stop):
         lr_staleness_modulation=config.lr_staleness_modulation,
         round_timeout_s=config.sync_round_timeout_s,
     )
-    parameters = Parameters(policy)
+    parameters = Parameters(policy, config.min_version)
     if config.restore_from and not _restore(config, parameters):
         return EXIT_BAD_CHECKPOINT
     transfer = TransferOptions.of(config)

@@ -25,17 +25,19 @@ and `restore()` starts an empty shard from one.
 import collections
 import dataclasses
 import json
+import secrets
 import threading
+import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from elastic_keras.common.embedding_init import check_initializer
-from elastic_keras.common.optimizer_contract import shard_config
 from elastic_keras.common.errors import (
     CheckpointError, DataError, ModelSpecError, NotReadyError, PayloadError, PSError,
 )
+from elastic_keras.common.optimizer_contract import shard_config
 from elastic_keras.common.tensor_codec import Slices
 from elastic_keras.ps.consistency import StalenessStats, SyncRound, UpdatePolicy
 from elastic_keras.ps.embedding_table import EmbeddingTable, TableState
@@ -45,6 +47,7 @@ from elastic_keras.ps.updates import VariableSpec, check_initial_values, prepare
 
 DUPLICATE = "duplicate"
 STALE = "stale"
+HELD = "held"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Push:
     model_version: int = 0
     gradients: tuple = ()
     deltas: tuple = ()
+    incarnation: int = 0  # of the shard the gradients were computed against; 0: not known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +73,14 @@ class PushResult:
     """`reason` is `DUPLICATE` for a push already applied, explains a rejection, else empty.
 
     `stale` marks a push rejected for the version it was computed against: pull and retry.
+    `held` marks one held back while the shard takes a checkpoint: send it again.
     """
 
     accepted: bool
     model_version: int
     reason: str = ""
     stale: bool = False
+    held: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +93,14 @@ class InitResult:
 
 @dataclasses.dataclass(frozen=True)
 class PullResult:
-    """`dense` maps names to arrays; empty before init and when the caller's version is current."""
+    """`dense` maps names to arrays; empty before init and when the caller's version is current.
+
+    `incarnation` names this run of the shard (see `Parameters.incarnation`)."""
 
     initialized: bool
     model_version: int
     dense: dict
+    incarnation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,19 +170,39 @@ class _Model:
     variable_options: dict
 
 
+@dataclasses.dataclass
+class _Hold:
+    """A checkpoint being taken: pushes are held until `until`, except those the cut holds."""
+
+    checkpoint_id: int
+    until: float
+    cut: dict = None  # worker id -> the highest sequence of the checkpoint, once known
+
+    def holds(self, push):
+        return self.cut is None or push.sequence > self.cut.get(push.worker_id, -1)
+
+
 class Parameters:
     """The dense variables, optimizer and model version of one parameter-server shard.
 
     Thread-safe: checking and casting a push happen outside the lock; applying it, pulls'
     snapshots and initialisation happen under it.
+
+    `incarnation` is a random number fixed for this object's life: a shard process that
+    restarts (restored from a checkpoint, or initialised again) gets another, so a worker's
+    values and gradients of an earlier run are never taken for current ones, whatever
+    their version numbers.
     """
 
-    def __init__(self, policy=UpdatePolicy()):
+    def __init__(self, policy=UpdatePolicy(), min_version=0):
         self.policy = policy
+        self._min_version = min_version  # where a model starts: a restarted shard goes on
+        self.incarnation = secrets.randbits(63) or 1
         self._lock = threading.Lock()
-        self._version_changed = threading.Condition(self._lock)
+        self._version_changed = threading.Condition(self._lock)  # also: sequences applied
+        self._hold = None
         self._model = None
-        self._version = 0
+        self._version = min_version
         self._applied_sequence = {}
         self._applied_pushes = collections.Counter()  # worker id -> pushes applied
         self._round = SyncRound()
@@ -222,22 +251,88 @@ class Parameters:
             if self._model is not None:
                 return InitResult(initialized_now=False, model_version=self._version)
             self._model = model
-            self._version = 0
-            return InitResult(initialized_now=True, model_version=0)
+            self._version = self._min_version
+            return InitResult(initialized_now=True, model_version=self._version)
 
     def snapshot(self):
         """A consistent copy of the whole shard as a `Snapshot` of numpy data.
 
-        Taken under the lock, so it holds exactly the updates of versions up to its
-        `version`. Pushes waiting in an open synchronous round are not part of it.
+        Taken under the lock. An open synchronous round is applied first (its pushes
+        averaged over their number, as a round timeout would), so the snapshot holds the
+        update of every push whose sequence it records as applied.
 
         Raises:
             NotReadyError: the shard has no model yet.
         """
         model = self._require_model("A snapshot")
         with self._lock:
-            iterations, slots, others = model.applier.state()
-            return Snapshot(
+            return self._snapshot_locked(model)
+
+    def prepare_checkpoint(self, checkpoint_id, hold_s):
+        """Holds every push from now on, for up to `hold_s` seconds (see `snapshot_at_cut`).
+
+        Returns:
+            `({worker id: the highest sequence applied}, version)`.
+        """
+        self._require_model("PrepareCheckpoint")
+        with self._lock:
+            self._hold = _Hold(checkpoint_id, time.monotonic() + hold_s)
+            return dict(self._applied_sequence), self._version
+
+    def snapshot_at_cut(self, checkpoint_id, cut):
+        """The `snapshot()` of the checkpoint `prepare_checkpoint` began, at the cut.
+
+        Lets through the held pushes the cut holds and waits, until the hold ends, for this
+        shard to have applied, of every worker in `cut`, every sequence up to its cut; then
+        snapshots and lets every push through again.
+
+        Args:
+            cut: `{worker id: the highest sequence the checkpoint holds}`.
+
+        Raises:
+            NotReadyError: no model, no hold of this checkpoint (it ended, or another began),
+                or the cut was not reached before the hold ended; pushes go through again.
+        """
+        model = self._require_model("SaveCheckpoint")
+        with self._lock:
+            hold = self._live_hold()
+            if hold is None or hold.checkpoint_id != checkpoint_id:
+                raise NotReadyError(
+                    f"SaveCheckpoint {checkpoint_id}: this shard holds no pushes for it (its "
+                    "hold ended or another checkpoint began). Received: checkpoint_id="
+                    f"{checkpoint_id}"
+                )
+            hold.cut = dict(cut)
+            reached = self._version_changed.wait_for(
+                lambda: self._hold is not hold or self._cut_reached(hold.cut),
+                max(0.0, hold.until - time.monotonic()))
+            if not reached or self._hold is not hold:
+                if self._hold is hold:
+                    self._hold = None
+                missing = {w: s for w, s in cut.items()
+                           if self._applied_sequence.get(w, -1) < s}
+                raise NotReadyError(
+                    f"SaveCheckpoint {checkpoint_id}: the shard did not receive every "
+                    "minibatch of the cut before its hold ended; the checkpoint is abandoned. "
+                    f"Received: missing sequences {missing}"
+                )
+            self._hold = None
+            self._version_changed.notify_all()
+            return self._snapshot_locked(model)
+
+    def _cut_reached(self, cut):
+        return all(self._applied_sequence.get(w, -1) >= s for w, s in cut.items())
+
+    def _live_hold(self):
+        if self._hold is not None and time.monotonic() > self._hold.until:
+            self._hold = None
+        return self._hold
+
+    def _snapshot_locked(self, model):
+        if self._round.count:
+            self._close_round(model)
+        iterations, slots, others = model.applier.state()
+        return Snapshot(
                 version=self._version,
                 optimizer_config=model.optimizer_config,
                 tables=model.table_configs,
@@ -256,7 +351,9 @@ class Parameters:
 
         The model is built exactly as `init_model` builds it from the snapshot's optimizer
         config and tables; then values, optimizer slots, table rows, the version and the
-        applied sequences are set. A later InitModel keeps the restored model.
+        applied sequences are set. A later InitModel keeps the restored model. The version
+        is at least this object's `min_version` (the highest the shard had reached, as the
+        master knows it), so versions never go backwards.
 
         Raises:
             PSError: the shard already holds a model.
@@ -283,16 +380,18 @@ class Parameters:
             if self._model is not None:
                 raise PSError("restore needs an empty shard: InitModel came first.")
             self._model = model
-            self._version = snapshot.version
+            self._version = max(snapshot.version, self._min_version)
             self._applied_sequence = dict(snapshot.applied_sequences)
             self._applied_pushes = collections.Counter(snapshot.applied_pushes)
             self._version_changed.notify_all()
 
-    def pull(self, known_version=-1, min_version=0, timeout_s=0.0, averaged=False):
+    def pull(self, known_version=-1, min_version=0, timeout_s=0.0, averaged=False,
+             known_incarnation=0):
         """The current values, or none when `known_version` is the current version.
 
         Args:
-            known_version: the version the caller holds (-1: none).
+            known_version: the version the caller holds (-1: none), of the shard incarnation
+                `known_incarnation` (another than this one's: values are sent).
             min_version: wait up to `timeout_s` for the version to reach this first
                 (synchronous training: until the caller's round has been applied).
             averaged: the optimizer's moving averages in place of the trainable variables'
@@ -305,8 +404,10 @@ class Parameters:
             if min_version > self._version and timeout_s > 0:
                 self._version_changed.wait_for(lambda: self._version >= min_version, timeout_s)
             model, version = self._model, self._version
-            if model is None or known_version == version:
-                return PullResult(initialized=model is not None, model_version=version, dense={})
+            if model is None or (known_version == version
+                                 and known_incarnation in (0, self.incarnation)):
+                return PullResult(initialized=model is not None, model_version=version, dense={},
+                                  incarnation=self.incarnation)
             # A read is a snapshot: TF copies a variable's buffer before updating it while a
             # read tensor still refers to it, so converting outside the lock is safe.
             tensors = {name: v.read_value() for name, v in model.variables.items()}
@@ -316,6 +417,7 @@ class Parameters:
             initialized=True,
             model_version=version,
             dense={name: np.asarray(t) for name, t in tensors.items()},
+            incarnation=self.incarnation,
         )
 
     def push(self, push):
@@ -348,15 +450,19 @@ class Parameters:
             last = self._applied_sequence.get(push.worker_id)
             if last is not None and push.sequence <= last:
                 return PushResult(accepted=True, model_version=self._version, reason=DUPLICATE)
-            staleness = self._version - push.model_version
-            if self.policy.sync and staleness != 0 or self.policy.too_stale(staleness):
+            hold = self._live_hold()
+            if hold is not None and hold.holds(push):
+                return PushResult(accepted=False, model_version=self._version, held=True,
+                                  reason=f"{HELD}: the shard is taking checkpoint "
+                                  f"{hold.checkpoint_id}")
+            stale = self._why_stale(push)
+            if stale:
                 self.staleness.rejections += 1
-                return PushResult(
-                    accepted=False, model_version=self._version, stale=True,
-                    reason=f"{STALE}: computed against version {push.model_version}, the "
-                    f"shard is at version {self._version}",
-                )
+                return PushResult(accepted=False, model_version=self._version, stale=True,
+                                  reason=f"{STALE}: {stale}")
+            staleness = self._version - push.model_version
             self._applied_sequence[push.worker_id] = push.sequence
+            self._version_changed.notify_all()  # a checkpoint may wait for this sequence
             if self.policy.sync:
                 self._round.add(push.worker_id, update.gradients, rows, update.deltas)
                 if self._round.count >= max(self._round_size, 1):
@@ -367,6 +473,20 @@ class Parameters:
                             self.policy.lr_scale(staleness))
                 self._applied_pushes[push.worker_id] += 1
             return PushResult(accepted=True, model_version=self._version)
+
+    def _why_stale(self, push):
+        """Why `push` must be recomputed against fresh values, or "" if it need not."""
+        if push.incarnation not in (0, self.incarnation):
+            return ("computed against values of an earlier run of this shard, which has "
+                    f"restarted since (now at version {self._version})")
+        staleness = self._version - push.model_version
+        if staleness < 0:
+            return (f"computed against version {push.model_version}, which the shard at "
+                    f"version {self._version} has not reached (it was restored)")
+        if self.policy.sync and staleness != 0 or self.policy.too_stale(staleness):
+            return (f"computed against version {push.model_version}, the shard is at "
+                    f"version {self._version}")
+        return ""
 
     def _apply(self, model, gradients, rows, deltas, lr_scale=1.0):
         """One optimizer step on the dense variables and table rows, the non-trainable

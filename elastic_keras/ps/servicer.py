@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 # The longest a pull waits for a synchronous round (the caller then asks again).
 MAX_ROUND_WAIT_S = 50.0
+# The longest a checkpoint may hold pushes back (PrepareCheckpoint.hold_s).
+MAX_HOLD_S = 120.0
 
 
 def add_to_server(servicer, server):
@@ -87,7 +89,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         remaining = context.time_remaining()
         wait_s = max(0.0, min(MAX_ROUND_WAIT_S, (remaining or MAX_ROUND_WAIT_S) - 1.0))
         result = self._parameters.pull(request.known_version, request.min_version, wait_s,
-                                       request.averaged)
+                                       request.averaged, request.known_incarnation)
         return result, self._transfer.encode(result.dense.items(), request.full_precision)
 
     def PullDense(self, request, context):
@@ -95,12 +97,13 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         return pserver_pb2.PullDenseResponse(
             initialized=result.initialized, model_version=result.model_version,
             dense=[tensor_codec.to_message(tensor) for tensor in tensors],
+            incarnation=result.incarnation,
         )
 
     def PullDenseStream(self, request, context):
         result, tensors = self._pull(request, context)
         yield from tensor_stream.pull_parts(result.initialized, result.model_version, tensors,
-                                            self._transfer)
+                                            self._transfer, result.incarnation)
 
     def _push(self, header, gradients, context, method):
         with _abort_on_domain_errors(context, f"{method} from worker {header.worker_id}"):
@@ -111,6 +114,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                     model_version=header.model_version,
                     gradients=tensor_stream.decode_tensors(gradients),
                     deltas=_decode_all(header.deltas),
+                    incarnation=header.incarnation,
                 )
             )
         if result.accepted and not self._first_push_applied:
@@ -119,7 +123,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                         self._ps_id, header.worker_id, result.model_version)
         return pserver_pb2.PushGradientsResponse(
             accepted=result.accepted, model_version=result.model_version, reason=result.reason,
-            stale=result.stale,
+            stale=result.stale, held=result.held,
         )
 
     def PushGradients(self, request, context):
@@ -144,6 +148,17 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                 rows=tensor_codec.encode_slices(request.table, rows, ids, (0, rows.shape[1]))
             )
 
+    def PrepareCheckpoint(self, request, context):
+        if not 0 < request.hold_s <= MAX_HOLD_S:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"PrepareCheckpoint: hold_s must be in (0, {MAX_HOLD_S}]. "
+                          f"Received: hold_s={request.hold_s}")
+        with _abort_on_domain_errors(context, "PrepareCheckpoint"):
+            applied, version = self._parameters.prepare_checkpoint(request.checkpoint_id,
+                                                                   request.hold_s)
+        return pserver_pb2.PrepareCheckpointResponse(applied_sequences=applied,
+                                                     model_version=version)
+
     def SaveCheckpoint(self, request, context):
         path, num_ps = request.path, request.num_ps
         if not path or not os.path.isabs(path):
@@ -160,7 +175,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             )
         with _abort_on_domain_errors(context, "SaveCheckpoint"):
             try:
-                shard = save_shard(self._parameters, path, self._ps_id, num_ps)
+                shard = save_shard(self._parameters, path, self._ps_id, num_ps,
+                                   request.checkpoint_id, dict(request.cut))
             except OSError as exc:
                 logger.error("SaveCheckpoint into %s failed: %s", path, exc)
                 context.abort(

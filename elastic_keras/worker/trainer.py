@@ -253,14 +253,31 @@ class Trainer:
         self._sequence += 1  # the minibatch's, for every push of it
         if self._overlap:
             return self._train_overlapped(features, labels)
-        waiting = list(range(self._ps.num_ps))  # the shards that have not applied it
-        applied_at = {}  # shard -> the version its push was computed against
+        loss, applied_at = self._settle(features, labels, self._sequence,
+                                        range(self._ps.num_ps))
+        if self._sync:  # wait for the rounds this minibatch joined
+            self._min_versions = [applied_at[i] + 1 for i in range(self._ps.num_ps)]
+        return loss
+
+    def _settle(self, features, labels, sequence, shards):
+        """Pulls, computes and pushes minibatch `sequence` to `shards` until each has
+        applied it, recomputing for those that refuse it as stale.
+
+        Returns:
+            (the loss of the last computation, {shard: the version its push was computed
+            against}).
+
+        Raises:
+            PushRefused: see `train_minibatch`.
+        """
+        waiting = list(shards)  # the shards that have not applied it
+        applied_at = {}
         for _ in range(self._max_stale_retries + 1):
             self._pull()
             versions = list(self._versions)
             loss, *payload = self._step(features, labels)
             responses = self._through_outages("a push", lambda: self._ps.push_gradients(
-                self._worker_id, self._sequence, versions, *payload, shards=waiting))
+                self._worker_id, sequence, versions, *payload, shards=waiting))
             applied_at.update({i: versions[i] for i in waiting if responses[i].accepted})
             stale = [i for i in waiting if responses[i].stale]
             refused = {i: responses[i].reason for i in waiting
@@ -271,9 +288,7 @@ class Trainer:
                     {i: _why(responses[i]) for i in [*stale, *refused]},
                 )
             if not stale:
-                if self._sync:  # wait for the rounds this minibatch joined
-                    self._min_versions = [applied_at[i] + 1 for i in range(self._ps.num_ps)]
-                return loss
+                return loss, applied_at
             self.stale_pushes += 1
             waiting = stale
             self._min_versions = [responses[i].model_version if i in stale else 0
@@ -305,9 +320,10 @@ class Trainer:
         computed_against = list(self._versions)
         loss, *payload = self._step(features, labels)
         self._land()  # the previous push is in and its pull assigned, after this step ran
-        self._pending = self._background.submit(
+        future = self._background.submit(
             self._push_and_pull, self._sequence, computed_against, *payload
         )
+        self._pending = _Pending(future, features, labels, self._sequence)
         return loss
 
     def _push_and_pull(self, sequence, versions, gradients, deltas, embedding_grads):
@@ -318,9 +334,10 @@ class Trainer:
 
     def after_landed(self, call):
         """Runs `call()` once every push made so far has landed, without waiting for that:
-        in overlapped training, on the background thread after the pending push, and not at
-        all if that push failed (its exception, or `call`'s, is raised by a later `flush` or
-        step); else at once."""
+        in overlapped training, on the background thread after the pending push (or, if a
+        shard refused it as stale, on this thread once `_land` has sent it again), and not
+        at all if that push failed (its exception, or `call`'s, is raised by a later `flush`
+        or step); else at once."""
         pending = self._pending
         if pending is None:
             call()
@@ -328,7 +345,8 @@ class Trainer:
 
         def when_landed():
             _accepted(pending)  # done by now (one background thread, first come first run)
-            call()
+            if not pending.defer(call):
+                call()
 
         self._after.append(self._background.submit(when_landed))
 
@@ -345,8 +363,9 @@ class Trainer:
             future.result()
 
     def _land(self):
-        """Waits for the pending push and assigns its pull; raises what a finished
-        `after_landed` call raised."""
+        """Waits for the pending push and assigns its pull; sends the minibatch again, as
+        recomputed, to shards that refused it as stale (they restarted); raises what a
+        finished `after_landed` call raised."""
         finished = [f for f in self._after if f.done()]
         self._after = [f for f in self._after if not f.done()]
         for future in finished:
@@ -356,10 +375,17 @@ class Trainer:
         pending, self._pending = self._pending, None
         try:
             pulled = _accepted(pending)
+            self._assign(*pulled)
+            stale = pending.stale_shards()
+            if stale:
+                self.stale_pushes += 1
+                self._settle(pending.features, pending.labels, pending.sequence, stale)
         except BaseException:
             self._after = []  # they wait on this push: they fail with it, and are dropped
+            pending.settle(failed=True)
             raise
-        self._assign(*pulled)
+        for call in pending.settle():
+            call()
 
     def evaluate(self, batches):
         """Evaluates the current model on `(features, labels)` batches.
@@ -368,7 +394,7 @@ class Trainer:
             The metrics' states as `MetricState` messages, for the master to add up.
         """
         self.flush()
-        metrics = None
+        metrics, labels, predictions = None, None, None
         for features, labels in batches:
             self._ensure_model(features)
             if metrics is None:
@@ -377,21 +403,61 @@ class Trainer:
             predictions = self._forward(features)
             for metric in metrics.values():
                 metric.update_state(labels, predictions)
-        return to_states(metrics or {})
+        # One batch's shapes let the master build metrics whose state is made lazily.
+        return to_states(metrics or {}, labels, predictions)
+
+
+class _Pending:
+    """A minibatch's background push and pull, with what it takes to compute it again.
+
+    `after_landed` calls that come due while a shard's stale refusal is being resent wait
+    here (`defer`) until `_land` has settled the minibatch (`settle`)."""
+
+    def __init__(self, future, features, labels, sequence):
+        self.future, self.features, self.labels, self.sequence = (future, features, labels,
+                                                                  sequence)
+        self._lock = threading.Lock()
+        self._deferred = []
+        self._settled = False
+        self._failed = False
+
+    def stale_shards(self):
+        responses, _ = self.future.result()
+        return [i for i, r in enumerate(responses) if r.stale]
+
+    def defer(self, call):
+        """Whether `call` must wait for the minibatch to be resent (it then runs then)."""
+        with self._lock:
+            if self._failed:
+                raise PSError("A push this call waited for was refused.")
+            if self._settled or not self.stale_shards():
+                return False
+            self._deferred.append(call)
+            return True
+
+    def settle(self, failed=False):
+        """Marks the minibatch landed everywhere (or given up); returns the deferred calls
+        to run now."""
+        with self._lock:
+            self._settled, self._failed = True, failed
+            deferred, self._deferred = self._deferred, []
+        return [] if failed else deferred
 
 
 def _accepted(pending):
-    """The pull of a finished background push and pull, if every shard accepted the push.
+    """The pull of a finished background push and pull, if no shard refused the push but
+    as stale (which `_land` sends again).
 
     Raises:
-        PushRefused: a shard refused it. Whatever the push or the pull raised.
+        PushRefused: a shard refused it for another reason. Whatever the push or the pull
+            raised.
     """
-    responses, pulled = pending.result()
-    refused = {i: r for i, r in enumerate(responses) if not r.accepted}
+    responses, pulled = pending.future.result()
+    refused = {i: r for i, r in enumerate(responses) if not r.accepted and not r.stale}
     if refused:
         raise PushRefused(
             f"A parameter server rejected the gradients: {next(iter(refused.values())).reason}",
-            {i: _why(r) for i, r in refused.items()})
+            {i: _why(r) for i, r in enumerate(responses) if not r.accepted})
     return pulled
 
 

@@ -133,11 +133,12 @@ def test_an_empty_push_stream_is_rejected():
 
 def test_pull_parts_round_trip_and_an_empty_pull_stream_is_rejected():
     options = TransferOptions("snappy", 2048, "float16")
-    parts = list(tensor_stream.pull_parts(True, 12, options.encode(_pairs()), options))
-    initialized, version, tensors = tensor_stream.read_pull(parts)
-    assert (initialized, version, len(tensors)) == (True, 12, 4)
-    assert list(tensor_stream.read_pull(tensor_stream.pull_parts(False, 0, [], options))) == [
-        False, 0, []]
+    parts = list(tensor_stream.pull_parts(True, 12, options.encode(_pairs()), options, 77))
+    first, tensors = tensor_stream.read_pull(parts)
+    assert (first.initialized, first.model_version, first.incarnation, len(tensors)) == (
+        True, 12, 77, 4)
+    first, tensors = tensor_stream.read_pull(tensor_stream.pull_parts(False, 0, [], options))
+    assert (first.initialized, first.model_version, tensors) == (False, 0, [])
     with pytest.raises(PayloadError, match="at least one part"):
         tensor_stream.read_pull(iter([]))
 

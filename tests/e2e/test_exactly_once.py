@@ -96,3 +96,26 @@ def test_a_counter_counts_every_minibatch_of_two_overlapping_workers_on_two_shar
     loaded = tf.saved_model.load(str(out / "saved_model"))
     (count,) = [v for v in loaded.variables if "count" in v.name]
     assert int(count.numpy()) == 2 * _minibatches_per_epoch(digits_records)
+
+
+def test_every_shard_file_of_a_checkpoint_holds_the_same_minibatches(digits_records,
+                                                                     tmp_path):
+    from elastic_keras.common.checkpoint import list_checkpoints
+    from elastic_keras.ps.checkpoint import load_shards
+
+    out, checkpoints = tmp_path / "out", tmp_path / "ckpt"
+    result = run_cli(
+        "train", "--model-zoo", "model_zoo", "--model-def", "digits.digits_cnn",
+        "--training-data", digits_records / "train",
+        "--num-workers", 2, "--num-ps", 2, "--minibatch-size", BATCH, "--num-epochs", 1,
+        "--checkpoint-dir", checkpoints, "--checkpoint-steps", 5, "--keep-checkpoint-max", 0,
+        "--output", out, "--job-name", "cut",
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    taken = [path for _, path in list_checkpoints(str(checkpoints))]
+    assert len(taken) >= 3
+    for path in taken:
+        shards = [load_shards(path, i, 2) for i in range(2)]
+        # Taken while both workers pushed: the same minibatches of each worker on each shard.
+        assert shards[0].applied_sequences == shards[1].applied_sequences, path
+        assert shards[0].applied_pushes == shards[1].applied_pushes, path

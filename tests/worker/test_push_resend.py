@@ -40,17 +40,21 @@ SPEC = ModelSpec("once", custom_model, keras.losses.mean_squared_error,
                  lambda: keras.optimizers.SGD(0.1), lambda dataset, mode, metadata: dataset)
 
 
+def _serve(parameters, port=0):
+    servicer = PServerServicer(parameters)
+    return rpc.create_server([lambda s: add_to_server(servicer, s)], "127.0.0.1", port)
+
+
 @pytest.fixture
 def shards():
     """Two asynchronous shards that refuse pushes staler than one version."""
     parameters = [Parameters(UpdatePolicy(max_staleness=1)) for _ in range(2)]
     servers, addresses = [], []
     for p in parameters:
-        servicer = PServerServicer(p)
-        server, port = rpc.create_server([lambda s, sv=servicer: add_to_server(sv, s)])
+        server, port = _serve(p)
         servers.append(server)
         addresses.append(f"127.0.0.1:{port}")
-    yield parameters, addresses
+    yield parameters, addresses, servers
     for server in servers:
         server.stop(0)
 
@@ -80,7 +84,7 @@ def _batch(rng):
 
 
 def test_a_push_refused_by_one_shard_is_resent_to_that_shard_alone(shards):
-    parameters, addresses = shards
+    parameters, addresses, _ = shards
     names = [v.path for v in custom_model().weights]
     assert {partition.dense_shard(n, 2) for n in names} == {0, 1}  # both shards hold some
     client = _Interloper(addresses)
@@ -106,7 +110,7 @@ def test_a_push_refused_by_one_shard_is_resent_to_that_shard_alone(shards):
 
 
 def test_a_minibatch_given_up_on_names_the_shards_that_never_applied_it(shards):
-    parameters, addresses = shards
+    parameters, addresses, _ = shards
     client = _Interloper(addresses, pushes_before=2)
     try:
         trainer = Trainer(SPEC, client, worker_id=0, max_stale_retries=0)
@@ -117,3 +121,33 @@ def test_a_minibatch_given_up_on_names_the_shards_that_never_applied_it(shards):
     assert info.value.dropped == {1: "stale"}
     assert parameters[0].applied_pushes == {0: 1}
     assert parameters[1].applied_pushes == {9: 2}
+
+
+def test_overlapped_pushes_refused_by_a_restarted_shard_are_recomputed_for_it(shards):
+    """A shard that restarts from a snapshot refuses pushes computed against its earlier run;
+    an overlapping worker resends those minibatches to it alone, recomputed."""
+    parameters, addresses, servers = shards
+    client = PSClient(addresses)
+    try:
+        trainer = Trainer(SPEC, client, worker_id=0, overlap=True)
+        rng = np.random.default_rng(2)
+        for _ in range(3):
+            trainer.train_minibatch(*_batch(rng))
+        trainer.flush()
+        # Shard 1 restarts at its address: a new run of it, restored from a snapshot.
+        restarted = Parameters(UpdatePolicy(), min_version=parameters[1].version)
+        restarted.restore(parameters[1].snapshot())
+        servers[1].stop(0).wait()
+        servers[1], _ = _serve(restarted, int(addresses[1].rsplit(":", 1)[1]))
+        landed = []
+        for step in range(4):
+            trainer.train_minibatch(*_batch(rng))
+            trainer.after_landed(lambda k=step: landed.append(k))
+        trainer.flush()
+    finally:
+        client.close()
+    assert landed == [0, 1, 2, 3]
+    assert trainer.stale_pushes >= 1
+    assert parameters[0].applied_pushes == {0: 7}
+    assert restarted.applied_pushes == {0: 7}  # 3 restored, 4 after: none lost or repeated
+    assert restarted.version >= parameters[1].version
