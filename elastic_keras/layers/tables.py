@@ -30,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_keras.common.errors import ModelSpecError
 from elastic_keras.layers.embedding import (
     Embedding,
     check_id_range,
@@ -157,6 +158,14 @@ def _is_large(layer, threshold_params):
 
 
 def _describe(layer):
+    if getattr(layer, "embeddings_constraint", None) is not None:
+        raise ModelSpecError(
+            f"Embedding {layer.name!r} is served from the parameter servers, which update "
+            "its rows one by one and cannot apply a constraint over the whole table; drop "
+            "embeddings_constraint or raise --embedding-threshold-params above its "
+            f"{layer.input_dim * layer.output_dim} parameters. Received: embeddings_constraint="
+            f"{type(layer.embeddings_constraint).__name__}"
+        )
     input_dim = layer.input_dim or 0
     return {
         "dim": int(layer.output_dim),

@@ -16,8 +16,9 @@ long ago the row was last touched. A learning-rate schedule is evaluated at `ste
 Keras evaluates it at `iterations` before incrementing.
 
 Not supported, and refused with `PayloadError` by `from_keras_config`: other optimizer
-classes, `weight_decay`, `clipnorm`, `clipvalue`, `global_clipnorm`, `use_ema` and
-`gradient_accumulation_steps`. `loss_scale_factor` divides the gradients, as in Keras.
+classes, `weight_decay`, `use_ema` and `gradient_accumulation_steps`. `loss_scale_factor`
+and clipping are the workers' (see `common/optimizer_contract.py`): the config given here
+must be the shards' (`shard_config`), without them.
 
 Example:
 
@@ -35,6 +36,7 @@ import json
 import numpy as np
 
 from elastic_keras.common.errors import PayloadError
+from elastic_keras.common.optimizer_contract import WORKER_OPTIONS
 from elastic_keras.ps.optimizer import optimizer_from_config
 
 
@@ -46,14 +48,12 @@ class SparseOptimizer(abc.ABC):
 
     Args:
         learning_rate: a float or a `keras.optimizers.schedules.LearningRateSchedule`.
-        loss_scale_factor: if set, gradients are divided by it first (as in Keras).
     """
 
     KERAS_OPTIONS = ()
 
-    def __init__(self, learning_rate, loss_scale_factor=None):
+    def __init__(self, learning_rate):
         self._learning_rate = learning_rate
-        self._loss_scale_factor = loss_scale_factor
         self._cached_rate = (None, None)
 
     @property
@@ -92,8 +92,6 @@ class SparseOptimizer(abc.ABC):
         """
         if step < 1:
             raise ValueError(f"step counts updates from 1. Received: step={step}")
-        if self._loss_scale_factor is not None:
-            grads = grads / self._loss_scale_factor
         self._update(values, slots, grads, self.learning_rate(step) * lr_scale, step)
 
     @abc.abstractmethod
@@ -283,8 +281,7 @@ class Ftrl(SparseOptimizer):
 
 _REGISTRY = {cls.__name__: cls for cls in (SGD, Adam, Adagrad, RMSprop, Ftrl)}
 # Options of every Keras optimizer that change the update: allowed only at their no-op value.
-_UNSUPPORTED = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema",
-                "gradient_accumulation_steps")
+_UNSUPPORTED = ("weight_decay", "use_ema", "gradient_accumulation_steps")
 
 
 def from_keras_config(config):
@@ -311,11 +308,17 @@ def from_keras_config(config):
                 f"{name}: option {option} is not supported for embedding tables on the "
                 f"parameter servers; leave it unset. Received: {option}={keras_config[option]!r}"
             )
+    for option in WORKER_OPTIONS:
+        if keras_config.get(option):
+            raise PayloadError(
+                f"{name}: option {option} is applied by the workers, before gradients reach "
+                "the parameter servers, whose config must not hold it (see "
+                f"optimizer_contract.shard_config). Received: {option}={keras_config[option]!r}"
+            )
     learning_rate = keras_config["learning_rate"]
     if isinstance(learning_rate, dict):
         import keras  # deferred: only schedules need it
 
         learning_rate = keras.optimizers.schedules.deserialize(learning_rate)
     options = {option: keras_config[option] for option in cls.KERAS_OPTIONS}
-    return cls(learning_rate=learning_rate,
-               loss_scale_factor=keras_config.get("loss_scale_factor"), **options)
+    return cls(learning_rate=learning_rate, **options)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from elastic_keras.common.errors import ModelSpecError
 from elastic_keras.layers import (
     Embedding,
     LookupContext,
@@ -189,3 +190,12 @@ def test_load_table_rows_gives_a_plain_embedding_back():
     np.testing.assert_allclose(out[1], [np.full(DIM, 0.5), rows[0]])
     with pytest.raises(ValueError, match=r"\[0, input_dim=300\)"):
         load_table_rows(spec, np.array([VOCAB]), rows[:1])
+
+
+def test_a_constrained_embedding_is_not_served_from_the_ps():
+    ids = keras.Input((2,), dtype="int64")
+    layer = keras.layers.Embedding(VOCAB, DIM, embeddings_constraint=keras.constraints.NonNeg())
+    model = keras.Model(ids, layer(ids))
+    with pytest.raises(ModelSpecError, match="embeddings_constraint=NonNeg"):
+        ps_tables(model, threshold_params=THRESHOLD)
+    assert ps_tables(model, threshold_params=VOCAB * DIM) == []  # kept dense, constrained

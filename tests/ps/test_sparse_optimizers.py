@@ -33,7 +33,6 @@ KERAS_OPTIMIZERS = {
         schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5)),
     "sgd_piecewise": lambda: optimizers.SGD(
         schedules.PiecewiseConstantDecay([2, 4], [0.3, 0.1, 0.01]), momentum=0.5),
-    "sgd_loss_scale": lambda: optimizers.SGD(0.1, loss_scale_factor=8.0),
 }
 
 
