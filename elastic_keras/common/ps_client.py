@@ -26,6 +26,7 @@ it is safe since its (worker, sequence) makes a shard apply it at most once.
 
 import time
 
+import grpc
 import numpy as np
 
 from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
@@ -33,16 +34,19 @@ from elastic_keras.proto import pserver_pb2
 
 UNARY_MAX_BYTES = 256 << 10
 _UNARY_CODECS = ("none", "auto")
-# A push a shard holds back while it takes a checkpoint is sent again after this pause.
+# A push a shard holds back while it takes a checkpoint is sent again after this pause,
+# doubled for each new hold answer up to the second figure.
 HELD_RETRY_S = 0.02
+HELD_RETRY_MAX_S = 0.5
 
 # InitModel keeps the first model; pulls change nothing (a pulled embedding row is created
 # once, deterministically); a push carries (worker, sequence) and is applied at most once.
-# A repeated PrepareCheckpoint holds again; a repeated SaveCheckpoint rewrites the shard's
-# file atomically and says what it wrote.
+# A repeated PrepareCheckpoint holds again, a repeated ReleaseCheckpoint releases nothing
+# more; a repeated SaveCheckpoint of a checkpoint answers what the shard wrote the first
+# time (without a cut: it rewrites the file atomically).
 _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
                "PushGradientsStream", "PullEmbedding", "PullTable", "PrepareCheckpoint",
-               "SaveCheckpoint")
+               "SaveCheckpoint", "ReleaseCheckpoint")
 
 
 class PSClient:
@@ -72,6 +76,11 @@ class PSClient:
     @property
     def num_ps(self):
         return len(self._stubs)
+
+    @property
+    def incarnations(self):
+        """Per shard, the incarnation of the last dense pull (0: none yet)."""
+        return list(self._incarnations)
 
     def _all(self, method, requests):
         if len(self._stubs) == 1:  # a blocking call costs less than a future
@@ -199,7 +208,7 @@ class PSClient:
         return result
 
     def push_gradients(self, worker_id, sequence, versions, gradients, deltas=None,
-                       embedding_grads=None, shards=None):
+                       embedding_grads=None, shards=None, incarnations=None):
         """Pushes a minibatch's gradients to the shards, in the transfer dtype, unary or
         streamed.
 
@@ -210,13 +219,16 @@ class PSClient:
                 as they are).
             embedding_grads: `{table: (unique ids, [n, dim] gradient rows)}`.
             shards: the shards to push to (default: all); the others get nothing.
+            incarnations: per shard, the incarnation `versions` were pulled from (default:
+                that of the last pull).
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
-            A push a shard holds back while it takes a checkpoint is sent again until it is
-            answered otherwise (the hold ends by itself).
+            A push a shard holds back while it takes a checkpoint is sent again, less and
+            less often, until it is answered otherwise (the hold ends by itself).
         """
         shards = list(range(self.num_ps)) if shards is None else list(shards)
+        incarnations = list(incarnations or self._incarnations)
         grads = partition.split_dense(gradients, self.num_ps)
         deltas = partition.split_dense(deltas or {}, self.num_ps)
         pairs = [list(grads[i].items()) for i in range(self.num_ps)]
@@ -228,13 +240,14 @@ class PSClient:
                         rows[where], ids[where], (0, rows.shape[1]))))
         encoded = {i: self.transfer.encode(pairs[i]) for i in shards}
         responses = [None] * self.num_ps
+        pause = HELD_RETRY_S
         while shards:
             calls = {}
             for i in shards:
                 stub, tensors = self._stubs[i], encoded[i]
                 header = dict(worker_id=worker_id, sequence=sequence, model_version=versions[i],
                               deltas=[tensor_codec.encode(n, v) for n, v in deltas[i].items()],
-                              incarnation=self._incarnations[i])
+                              incarnation=incarnations[i])
                 if self._push_unary(tensors):
                     request = pserver_pb2.PushGradientsRequest(
                         gradients=[tensor_codec.to_message(t) for t in tensors], **header)
@@ -247,7 +260,8 @@ class PSClient:
                 responses[i] = call.result()
             shards = [i for i in shards if responses[i].held]
             if shards:
-                time.sleep(HELD_RETRY_S)
+                time.sleep(pause)
+                pause = min(pause * 2, HELD_RETRY_MAX_S)
         return responses
 
     def _push_unary(self, tensors):
@@ -284,6 +298,18 @@ class PSClient:
             for worker, sequence in call.result().applied_sequences.items():
                 cut[worker] = max(sequence, cut.get(worker, sequence))
         return cut
+
+    def release_checkpoint(self, checkpoint_id, timeout_s=None):
+        """Ends every shard's hold of checkpoint `checkpoint_id`; shards that cannot be
+        reached end it when it runs out."""
+        request = pserver_pb2.ReleaseCheckpointRequest(checkpoint_id=checkpoint_id)
+        calls = [stub.ReleaseCheckpoint.future(request, timeout=timeout_s)
+                 for stub in self._stubs]
+        for call in calls:
+            try:
+                call.result()
+            except grpc.RpcError:
+                pass
 
     def save_checkpoint(self, path, timeout_s=None, checkpoint_id=0, cut=None):
         """Asks every shard to save its state into the checkpoint directory `path`.

@@ -109,8 +109,9 @@ class JobCheckpoints:
         """Takes a checkpoint holding `job_state` (snapshotted by the caller just before).
 
         Args:
-            live_workers: ids of the workers alive now; the cut waits for their minibatches
-                only (None: for every worker's a shard applied).
+            live_workers: ids of the workers that may have a push in flight (those running
+                a training task); the cut waits for their minibatches only (None: for every
+                worker's a shard applied). Another worker's pushes have all settled.
 
         Returns:
             The checkpoint's path, or "" when it failed (logged; the previous one stays the
@@ -120,10 +121,14 @@ class JobCheckpoints:
         try:
             number = layout.next_number(self.root)
             path = layout.checkpoint_path(self.root, number)
-            cut = ps_client.prepare_checkpoint(number, HOLD_S)
-            if live_workers is not None:
-                cut = {w: s for w, s in cut.items() if w in live_workers}
-            shards = ps_client.save_checkpoint(path, HOLD_S + 30.0, number, cut)
+            try:
+                cut = ps_client.prepare_checkpoint(number, HOLD_S)
+                if live_workers is not None:
+                    cut = {w: s for w, s in cut.items() if w in live_workers}
+                shards = ps_client.save_checkpoint(path, HOLD_S + 30.0, number, cut)
+            except grpc.RpcError:
+                ps_client.release_checkpoint(number, timeout_s=5.0)
+                raise
             layout.write_manifest(path, {
                 "number": number,
                 "num_ps": len(shards),

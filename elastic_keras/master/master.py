@@ -27,7 +27,7 @@ import time
 
 from elastic_keras.common import rpc
 from elastic_keras.common.config import to_argv
-from elastic_keras.common.errors import ConfigError, PayloadError
+from elastic_keras.common.errors import ConfigError, ModelSpecError, PayloadError
 from elastic_keras.common.metrics import MetricSums
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.data.shards import list_shards
@@ -143,7 +143,7 @@ class Master:
         elif outcome == "done":
             try:
                 self._eval_sums.add(metric_states)
-            except PayloadError as exc:  # nothing of this task's states was added
+            except (PayloadError, ModelSpecError) as exc:  # none of the task's states added
                 logger.error("Worker %d sent evaluation metrics that cannot be merged: %s",
                              worker_id, exc)
             self._eval_versions.append(model_version)
@@ -469,13 +469,15 @@ class Master:
 
     def _checkpoint(self, finished=False):
         """Snapshots the job state, then has every shard save (see `master/checkpoints`)."""
-        live = {s.index for s in self.engine.running() if s.type == RoleType.WORKER}
-        self.checkpoints.save(self._ps_client, self._job_state(finished), live)
+        # Only a worker on a training task may have a push in flight: a task ends after its
+        # pushes have landed.
+        self.checkpoints.save(self._ps_client, self._job_state(finished),
+                              self.tasks.training_workers())
 
     def _close_evaluation(self, finished_round):
         try:
             metrics = self._eval_sums.results(self.spec.eval_metrics_fn)
-        except PayloadError as exc:
+        except (PayloadError, ModelSpecError) as exc:
             logger.error("The evaluation's metrics cannot be computed: %s", exc)
             metrics = {}
         self._eval_sums = MetricSums()

@@ -251,6 +251,12 @@ class TaskManager:
         with self._lock:
             return {task_id: (r.worker_id, r.started) for task_id, r in self._doing.items()}
 
+    def training_workers(self):
+        """Ids of the workers running a training task now."""
+        with self._lock:
+            return {r.worker_id for r in self._doing.values()
+                    if r.task.type == TaskType.TRAINING}
+
     # -- handing out -----------------------------------------------------------------------
 
     def get(self, worker_id):

@@ -121,34 +121,34 @@ class PullTableResponse(_message.Message):
     def __init__(self, rows: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "deltas", "incarnation")
+    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "incarnation", "deltas")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
-    DELTAS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
     gradients: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     incarnation: int
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "deltas", "incarnation")
+    __slots__ = ("worker_id", "sequence", "model_version", "incarnation", "deltas")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    DELTAS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
-    deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     incarnation: int
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsPart(_message.Message):
     __slots__ = ("header", "pieces")
@@ -194,6 +194,16 @@ class PrepareCheckpointResponse(_message.Message):
     applied_sequences: _containers.ScalarMap[int, int]
     model_version: int
     def __init__(self, applied_sequences: _Optional[_Mapping[int, int]] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class ReleaseCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: int
+    def __init__(self, checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class ReleaseCheckpointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("path", "num_ps", "checkpoint_id", "cut")

@@ -80,6 +80,11 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.ReleaseCheckpoint = channel.unary_unary(
+                '/elastic_keras.PServer/ReleaseCheckpoint',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -141,6 +146,12 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +199,11 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'ReleaseCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseCheckpoint,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +449,33 @@ class PServer:
             '/elastic_keras.PServer/SaveCheckpoint',
             elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointRequest.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_keras.PServer/ReleaseCheckpoint',
+            elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -177,9 +177,21 @@ class _Hold:
     checkpoint_id: int
     until: float
     cut: dict = None  # worker id -> the highest sequence of the checkpoint, once known
+    held: dict = dataclasses.field(default_factory=dict)  # worker id -> highest held
 
-    def holds(self, push):
-        return self.cut is None or push.sequence > self.cut.get(push.worker_id, -1)
+    def holds(self, worker_id, sequence):
+        """Whether a push is held back (and notes it: the worker has moved on to it)."""
+        if self.cut is not None and sequence <= self.cut.get(worker_id, -1):
+            return False
+        self.held[worker_id] = max(sequence, self.held.get(worker_id, sequence))
+        return True
+
+    def reached(self, applied):
+        """Whether every worker of the cut has had its minibatches up to the cut applied by
+        this shard, or has moved on past them (sequences settle in order: what it skipped
+        was dropped here and will not come)."""
+        return all(applied.get(w, -1) >= s or self.held.get(w, -1) > s
+                   for w, s in self.cut.items())
 
 
 class Parameters:
@@ -201,6 +213,7 @@ class Parameters:
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)  # also: sequences applied
         self._hold = None
+        self._options_pending = False  # restored from a file without variable options
         self._model = None
         self._version = min_version
         self._applied_sequence = {}
@@ -245,10 +258,13 @@ class Parameters:
                 anything changes).
         """
         values = check_initial_values(dense)
-        model = _new_model(values, optimizer_config, _check_tables(tables, values),
-                           _check_options(options, values))
+        options = _check_options(options, values)
+        model = _new_model(values, optimizer_config, _check_tables(tables, values), options)
         with self._lock:
             if self._model is not None:
+                if self._options_pending and options:
+                    self._model = _with_options(self._model, options)
+                    self._options_pending = False
                 return InitResult(initialized_now=False, model_version=self._version)
             self._model = model
             self._version = self._min_version
@@ -304,7 +320,7 @@ class Parameters:
                 )
             hold.cut = dict(cut)
             reached = self._version_changed.wait_for(
-                lambda: self._hold is not hold or self._cut_reached(hold.cut),
+                lambda: self._hold is not hold or hold.reached(self._applied_sequence),
                 max(0.0, hold.until - time.monotonic()))
             if not reached or self._hold is not hold:
                 if self._hold is hold:
@@ -320,8 +336,24 @@ class Parameters:
             self._version_changed.notify_all()
             return self._snapshot_locked(model)
 
-    def _cut_reached(self, cut):
-        return all(self._applied_sequence.get(w, -1) >= s for w, s in cut.items())
+    def release_checkpoint(self, checkpoint_id):
+        """Ends the hold of checkpoint `checkpoint_id` (the master gave it up)."""
+        with self._lock:
+            if self._hold is not None and self._hold.checkpoint_id == checkpoint_id:
+                self._hold = None
+                self._version_changed.notify_all()
+
+    def held(self, worker_id, sequence):
+        """The answer to a push of (`worker_id`, `sequence`) if a checkpoint holds it back,
+        else None: a cheap check before the push is decoded."""
+        with self._lock:
+            hold = self._live_hold()
+            if hold is None or not hold.holds(worker_id, sequence):
+                return None
+            self._version_changed.notify_all()  # a cut may wait for this worker
+            return PushResult(accepted=False, model_version=self._version, held=True,
+                              reason=f"{HELD}: the shard is taking checkpoint "
+                              f"{hold.checkpoint_id}")
 
     def _live_hold(self):
         if self._hold is not None and time.monotonic() > self._hold.until:
@@ -383,6 +415,8 @@ class Parameters:
             self._version = max(snapshot.version, self._min_version)
             self._applied_sequence = dict(snapshot.applied_sequences)
             self._applied_pushes = collections.Counter(snapshot.applied_pushes)
+            # Files written before variables had options: the workers' InitModel says.
+            self._options_pending = bool(snapshot.dense) and not snapshot.variable_options
             self._version_changed.notify_all()
 
     def pull(self, known_version=-1, min_version=0, timeout_s=0.0, averaged=False,
@@ -401,6 +435,9 @@ class Parameters:
             A `PullResult`; `initialized` is False (and `dense` empty) before InitModel.
         """
         with self._lock:
+            # Waiting for a round of an earlier run of this shard would wait for nothing.
+            if known_incarnation not in (0, self.incarnation):
+                min_version = 0
             if min_version > self._version and timeout_s > 0:
                 self._version_changed.wait_for(lambda: self._version >= min_version, timeout_s)
             model, version = self._model, self._version
@@ -451,7 +488,8 @@ class Parameters:
             if last is not None and push.sequence <= last:
                 return PushResult(accepted=True, model_version=self._version, reason=DUPLICATE)
             hold = self._live_hold()
-            if hold is not None and hold.holds(push):
+            if hold is not None and hold.holds(push.worker_id, push.sequence):
+                self._version_changed.notify_all()  # a cut may wait for this worker
                 return PushResult(accepted=False, model_version=self._version, held=True,
                                   reason=f"{HELD}: the shard is taking checkpoint "
                                   f"{hold.checkpoint_id}")
@@ -614,6 +652,27 @@ def _new_model(values, optimizer_config, tables, options):
         table_configs=tuple(tables),
         variable_options=options,
     )
+
+
+def _with_options(model, options):
+    """`model` rebuilt with the variables' `options` (which are trainable, constrained,
+    decayed), keeping values, tables and the optimizer's state of the trainable variables.
+
+    Raises:
+        PayloadError: the optimizer's state does not fit the rebuilt optimizer.
+    """
+    values = {name: variable.numpy() for name, variable in model.variables.items()}
+    rebuilt = _new_model(values, model.optimizer_config, (), options)
+    iterations, slots, others = model.applier.state()
+    try:
+        rebuilt.applier.set_state(
+            iterations, {n: s for n, s in slots.items() if rebuilt.specs[n].trainable}, others)
+    except ValueError as exc:
+        raise PayloadError(f"InitModel: the restored optimizer state does not fit the "
+                           f"variables' options: {exc}") from exc
+    return dataclasses.replace(rebuilt, tables=model.tables,
+                               sparse_optimizer=model.sparse_optimizer,
+                               table_configs=model.table_configs)
 
 
 def _constraint(options):

@@ -69,6 +69,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         self._transfer = transfer
         self._ps_id = ps_id
         self._first_push_applied = False
+        self._last_save = (None, None)  # (request, response) of the last SaveCheckpoint
 
     def InitModel(self, request, context):
         with _abort_on_domain_errors(context, "InitModel"):
@@ -106,6 +107,11 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                                             self._transfer, result.incarnation)
 
     def _push(self, header, gradients, context, method):
+        held = self._parameters.held(header.worker_id, header.sequence)
+        if held is not None:  # answered before the gradients are decoded
+            return pserver_pb2.PushGradientsResponse(
+                accepted=False, model_version=held.model_version, reason=held.reason,
+                held=True)
         with _abort_on_domain_errors(context, f"{method} from worker {header.worker_id}"):
             result = self._parameters.push(
                 Push(
@@ -159,7 +165,14 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         return pserver_pb2.PrepareCheckpointResponse(applied_sequences=applied,
                                                      model_version=version)
 
+    def ReleaseCheckpoint(self, request, context):
+        self._parameters.release_checkpoint(request.checkpoint_id)
+        return pserver_pb2.ReleaseCheckpointResponse()
+
     def SaveCheckpoint(self, request, context):
+        last_request, last_response = self._last_save
+        if request.checkpoint_id and request == last_request:
+            return last_response  # a retry of a save that is done: the file is written
         path, num_ps = request.path, request.num_ps
         if not path or not os.path.isabs(path):
             context.abort(
@@ -186,7 +199,9 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                 )
         logger.info("Saved shard %d of %d at version %d to %s (%d bytes).", self._ps_id,
                     num_ps, shard.model_version, os.path.join(path, shard.file), shard.bytes)
-        return pserver_pb2.SaveCheckpointResponse(
+        response = pserver_pb2.SaveCheckpointResponse(
             file=shard.file, bytes=shard.bytes, crc32c=shard.crc32c,
             model_version=shard.model_version,
         )
+        self._last_save = (request, response)
+        return response

@@ -75,10 +75,11 @@ class TaskLoop:
             self._hand_back(task, state)
             return
         except Exception as exc:  # noqa: BLE001 - reported to the master, which decides
-            dropped = {}
             if isinstance(exc, PushRefused):  # a minibatch some shards applied, others not
                 state["minibatches"] += 1
                 dropped = exc.dropped
+            else:
+                dropped = self._settle_pushes(state)
             if self._stop.is_set():  # e.g. a wait for a parameter server cut short
                 self._hand_back(task, state, dropped)
                 return
@@ -96,6 +97,18 @@ class TaskLoop:
             model_version=self._trainer.model_version, metric_states=metric_states,
             minibatches=state["minibatches"],
         )
+
+    def _settle_pushes(self, state):
+        """After a failure that was not a push's: lets the push in flight land, so that the
+        report counts it. Returns `{shard: why}` of shards that refused it."""
+        try:
+            self._trainer.flush()
+        except PushRefused as exc:
+            state["minibatches"] += 1
+            return exc.dropped
+        except Exception:  # noqa: BLE001 - its outcome is unknown: it is not counted
+            logger.warning("The push in flight when the task failed did not land")
+        return {}
 
     def _hand_back(self, task, state, dropped=None):
         records_done = state["landed"]

@@ -100,6 +100,7 @@ class Trainer:
         self._tables = []
         self._looked_up = []  # (table, ...) of each lookup of the traced step, in order
         self._versions = None
+        self._incarnations = None  # of the shards the assigned values came from
         # Sequence numbers (one per minibatch) only grow, across restarts too: a relaunched
         # worker with the same id must not have its pushes taken for its predecessor's.
         self._sequence = time.time_ns()
@@ -201,11 +202,12 @@ class Trainer:
             if not pulled[0] and self._init_args is not None:  # a shard without its model
                 self._reinitialize()
                 pulled = self._ps.pull_dense(self._versions, self._min_versions)
-            return pulled
+            return (*pulled, self._ps.incarnations)
 
         self._assign(*self._through_outages("a pull", pull))
 
-    def _assign(self, initialized, versions, values):
+    def _assign(self, initialized, versions, values, incarnations):
+        """Takes pulled values, of `versions` of the shards' `incarnations`."""
         if not initialized:
             raise NotReadyError("the parameter servers hold no model yet")
         variables = {**self._trainable, **self._fixed}
@@ -215,7 +217,7 @@ class Trainer:
                 raise PSError(f"The parameter servers sent an unknown variable {name!r}.")
             # Floats sent in a reduced transfer dtype come as float32: cast to the variable's.
             variable.assign(np.asarray(value, dtype=variable.dtype))
-        self._versions = versions
+        self._versions, self._incarnations = versions, incarnations
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -274,10 +276,11 @@ class Trainer:
         applied_at = {}
         for _ in range(self._max_stale_retries + 1):
             self._pull()
-            versions = list(self._versions)
+            versions, incarnations = list(self._versions), list(self._incarnations)
             loss, *payload = self._step(features, labels)
             responses = self._through_outages("a push", lambda: self._ps.push_gradients(
-                self._worker_id, sequence, versions, *payload, shards=waiting))
+                self._worker_id, sequence, versions, *payload, shards=waiting,
+                incarnations=incarnations))
             applied_at.update({i: versions[i] for i in waiting if responses[i].accepted})
             stale = [i for i in waiting if responses[i].stale]
             refused = {i: responses[i].reason for i in waiting
@@ -317,7 +320,8 @@ class Trainer:
     def _train_overlapped(self, features, labels):
         if self._versions is None:
             self._pull()
-        computed_against = list(self._versions)
+        # What this step computes against: the pull `_land` assigned last.
+        computed_against = (list(self._versions), list(self._incarnations))
         loss, *payload = self._step(features, labels)
         self._land()  # the previous push is in and its pull assigned, after this step ran
         future = self._background.submit(
@@ -326,11 +330,14 @@ class Trainer:
         self._pending = _Pending(future, features, labels, self._sequence)
         return loss
 
-    def _push_and_pull(self, sequence, versions, gradients, deltas, embedding_grads):
+    def _push_and_pull(self, sequence, computed_against, gradients, deltas, embedding_grads):
+        versions, incarnations = computed_against
         responses = self._through_outages("a push", lambda: self._ps.push_gradients(
-            self._worker_id, sequence, versions, gradients, deltas, embedding_grads
+            self._worker_id, sequence, versions, gradients, deltas, embedding_grads,
+            incarnations=incarnations,
         ))
-        return responses, self._through_outages("a pull", self._ps.pull_dense)
+        pulled = self._through_outages("a pull", self._ps.pull_dense)
+        return responses, (*pulled, self._ps.incarnations)
 
     def after_landed(self, call):
         """Runs `call()` once every push made so far has landed, without waiting for that:

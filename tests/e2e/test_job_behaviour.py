@@ -195,6 +195,37 @@ def test_a_killed_worker_does_not_lose_records(digits_records, tmp_path):
     _assert_no_role_left(job)
 
 
+def test_sync_rounds_go_on_with_the_workers_left_alive(digits_records, tmp_path):
+    """A worker killed (not relaunched) in a synchronous job with --grads-to-wait 2: the
+    rounds close with the one worker left, instead of each waiting for a push that will not
+    come until --sync-round-timeout-s (set far beyond this test's patience)."""
+    job, out = _job_name("syncalive"), tmp_path / "out"
+    proc = start_cli(
+        *_train_flags(job, out, digits_records / "train", num_workers=2, num_ps=2,
+                      num_epochs=1, grads_to_wait=2, sync_round_timeout_s=900,
+                      relaunch_on_worker_failure=0),
+        log_path=tmp_path / "job.log",
+    )
+    try:
+        logs = out / "logs"
+        wait_for(lambda: all(_model_built(logs / f"worker-{i}.log") for i in (0, 1)),
+                 timeout_s=120, what="both workers to start training")
+        pids = [pid for pid, cmd in job_processes(job).items()
+                if "elastic_keras.worker" in cmd and "--worker-id 1 " in cmd + " "]
+        assert len(pids) == 1 and proc.poll() is None, job_processes(job)
+        os.kill(pids[0], signal.SIGKILL)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "job.log").read_text()
+    assert proc.returncode == 0, log[-5000:]
+    assert _all_trained(_summary(out), 1437)
+    ps_logs = "".join((out / "logs" / f"ps-{i}.log").read_text() for i in (0, 1))
+    assert "A synchronous round waited" not in ps_logs
+
+
 # -- c. Ctrl-C and SIGTERM ---------------------------------------------------------------------
 
 

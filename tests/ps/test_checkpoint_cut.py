@@ -93,3 +93,52 @@ def test_a_restarted_shard_refuses_what_was_computed_against_its_earlier_run():
 def test_a_new_model_starts_at_the_minimum_version():
     params = shard(min_version=12)
     assert params.version == 12 and params.pull().model_version == 12
+
+
+def test_a_snapshot_without_variable_options_takes_them_from_the_workers_init():
+    """Files written before variables had options made every float variable trainable: the
+    first InitModel with options marks the statistics non-trainable, so their deltas apply."""
+    from elastic_keras.ps.parameters import VariableOptions
+
+    values = [("w", np.zeros(2, np.float32)), ("bn/moving_mean", np.zeros(2, np.float32))]
+    adam = json.dumps(keras.optimizers.serialize(keras.optimizers.Adam(0.1)))
+    old = Parameters()
+    old.init_model(values, adam)
+    old_file = old.snapshot()
+    old_file = type(old_file)(**{**old_file.__dict__, "variable_options": {}})
+    restored = Parameters()
+    restored.restore(old_file)
+    delta = Push(0, 1, 0, (("w", np.ones(2, np.float32)),),
+                 deltas=(("bn/moving_mean", np.ones(2, np.float32)),))
+    with pytest.raises(Exception, match="non-trainable"):
+        restored.push(delta)
+    options = [VariableOptions("w"), VariableOptions("bn/moving_mean", trainable=False)]
+    assert not restored.init_model(values, adam, (), options).initialized_now
+    assert restored.push(delta).accepted
+    np.testing.assert_allclose(restored.pull().dense["bn/moving_mean"], [1.0, 1.0])
+
+
+def test_a_worker_that_moved_past_the_cut_does_not_stall_the_checkpoint():
+    """The cut asks for worker 0's sequence 6, which this shard never got (dropped here);
+    the worker's next push, 7, shows it moved on: the snapshot need not wait for 6."""
+    params = shard()
+    assert push(params, 0, 5).accepted
+    params.prepare_checkpoint(3, hold_s=10)
+    snapshots = []
+    taking = threading.Thread(target=lambda: snapshots.append(
+        params.snapshot_at_cut(3, {0: 6})))
+    taking.start()
+    assert push(params, 0, 7).held
+    taking.join(timeout=5)
+    assert snapshots and snapshots[0].applied_sequences == {0: 5}
+    assert push(params, 0, 7).accepted
+
+
+def test_a_released_checkpoint_lets_pushes_through():
+    params = shard()
+    params.prepare_checkpoint(4, hold_s=60)
+    assert push(params, 0, 1).held
+    params.release_checkpoint(3)  # another checkpoint's release changes nothing
+    assert params.held(0, 1) is not None
+    params.release_checkpoint(4)
+    assert params.held(0, 1) is None and push(params, 0, 1).accepted
