@@ -88,8 +88,9 @@ class PSClient:
         calls = [getattr(stub, method).future(req) for stub, req in zip(self._stubs, requests)]
         return [call.result() for call in calls]
 
-    def init_model(self, dense, optimizer_config, tables=(), options=()):
-        """Offers initial values `{name: array}` to their shards; returns each shard's version.
+    def init_model(self, dense, optimizer_config, tables=(), options=(), worker_id=None):
+        """Offers initial values `{name: array}` to their shards; returns each shard's
+        `InitModelResponse` (its version, and the highest sequence of `worker_id` it applied).
 
         Args:
             dense: `{name: array}` of every dense variable.
@@ -106,10 +107,11 @@ class PSClient:
                 optimizer_config=optimizer_config,
                 embedding_tables=list(tables),
                 variables=[o for o in options if o.name in shard],
+                worker_id=worker_id,
             )
             for shard in shards
         ]
-        return [r.model_version for r in self._all("InitModel", requests)]
+        return self._all("InitModel", requests)
 
     def pull_dense(self, known_versions=None, min_versions=None, full_precision=False,
                    averaged=False):

@@ -35,24 +35,28 @@ class VariableOptions(_message.Message):
     def __init__(self, name: _Optional[str] = ..., trainable: _Optional[bool] = ..., constraint: _Optional[str] = ..., exclude_from_weight_decay: _Optional[bool] = ...) -> None: ...
 
 class InitModelRequest(_message.Message):
-    __slots__ = ("dense", "optimizer_config", "embedding_tables", "variables")
+    __slots__ = ("dense", "optimizer_config", "embedding_tables", "variables", "worker_id")
     DENSE_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_CONFIG_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TABLES_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     optimizer_config: str
     embedding_tables: _containers.RepeatedCompositeFieldContainer[EmbeddingTableSpec]
     variables: _containers.RepeatedCompositeFieldContainer[VariableOptions]
-    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., optimizer_config: _Optional[str] = ..., embedding_tables: _Optional[_Iterable[_Union[EmbeddingTableSpec, _Mapping]]] = ..., variables: _Optional[_Iterable[_Union[VariableOptions, _Mapping]]] = ...) -> None: ...
+    worker_id: int
+    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., optimizer_config: _Optional[str] = ..., embedding_tables: _Optional[_Iterable[_Union[EmbeddingTableSpec, _Mapping]]] = ..., variables: _Optional[_Iterable[_Union[VariableOptions, _Mapping]]] = ..., worker_id: _Optional[int] = ...) -> None: ...
 
 class InitModelResponse(_message.Message):
-    __slots__ = ("initialized_now", "model_version")
+    __slots__ = ("initialized_now", "model_version", "applied_sequence")
     INITIALIZED_NOW_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     initialized_now: bool
     model_version: int
-    def __init__(self, initialized_now: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
+    applied_sequence: int
+    def __init__(self, initialized_now: _Optional[bool] = ..., model_version: _Optional[int] = ..., applied_sequence: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
     __slots__ = ("known_version", "min_version", "full_precision", "averaged", "known_incarnation")

@@ -230,6 +230,11 @@ class Parameters:
     def version(self):
         return self._version
 
+    def applied_sequence(self, worker_id):
+        """The highest push sequence of `worker_id` this shard applied (0: none)."""
+        with self._lock:
+            return self._applied_sequence.get(worker_id, 0)
+
     @property
     def applied_pushes(self):
         """`{worker id: pushes whose updates this shard holds}`."""

@@ -81,7 +81,9 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                  for v in request.variables],
             )
         return pserver_pb2.InitModelResponse(
-            initialized_now=result.initialized_now, model_version=result.model_version
+            initialized_now=result.initialized_now, model_version=result.model_version,
+            applied_sequence=(self._parameters.applied_sequence(request.worker_id)
+                              if request.HasField("worker_id") else 0),
         )
 
     def _pull(self, request, context):

@@ -135,8 +135,10 @@ class Trainer:
             )
             for t in self._tables
         ], _variable_options(optimizer, self._trainable, self._fixed))
-        self._through_outages("InitModel",
-                              lambda: self._ps.init_model(initial, *self._init_args))
+        answers = self._through_outages("InitModel", lambda: self._ps.init_model(
+            initial, *self._init_args, worker_id=self._worker_id))
+        # Above any sequence a predecessor with this id had applied, whatever the clocks say.
+        self._sequence = max(self._sequence, *(a.applied_sequence for a in answers))
         self._train_step = _compile(self._train_step_fn, "training step")
         self._forward = _compile(self._forward_fn, "forward pass")
         logger.info(

@@ -112,8 +112,9 @@ def test_every_shard_file_of_a_checkpoint_holds_the_same_minibatches(digits_reco
         "--output", out, "--job-name", "cut",
     )
     assert result.returncode == 0, result.stderr[-5000:]
+    assert "Checkpoint failed" not in result.stderr  # every cut was reached
     taken = [path for _, path in list_checkpoints(str(checkpoints))]
-    assert len(taken) >= 3
+    assert len(taken) >= 2  # during training, and at its end
     for path in taken:
         shards = [load_shards(path, i, 2) for i in range(2)]
         # Taken while both workers pushed: the same minibatches of each worker on each shard.

@@ -151,3 +151,19 @@ def test_overlapped_pushes_refused_by_a_restarted_shard_are_recomputed_for_it(sh
     assert parameters[0].applied_pushes == {0: 7}
     assert restarted.applied_pushes == {0: 7}  # 3 restored, 4 after: none lost or repeated
     assert restarted.version >= parameters[1].version
+
+
+def test_a_relaunched_worker_numbers_its_minibatches_above_its_predecessors(shards):
+    """Whatever its clock says: a predecessor's higher sequences would make every push of
+    the new worker a "duplicate", silently dropped."""
+    parameters, addresses, _ = shards
+    client = PSClient(addresses)
+    try:
+        first = Trainer(SPEC, client, worker_id=3)
+        first.train_minibatch(*_batch(np.random.default_rng(4)))
+        relaunched = Trainer(SPEC, client, worker_id=3)
+        relaunched._sequence = 1  # a clock far behind the predecessor's
+        relaunched.train_minibatch(*_batch(np.random.default_rng(5)))
+    finally:
+        client.close()
+    assert [p.applied_pushes for p in parameters] == [{3: 2}, {3: 2}]
