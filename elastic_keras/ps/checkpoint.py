@@ -152,6 +152,7 @@ def _write(snapshot, stream, ps_id, num_ps):
         "optimizer_iterations": snapshot.optimizer_iterations,
         "applied_sequences": {str(w): s for w, s in snapshot.applied_sequences.items()},
         "applied_pushes": {str(w): n for w, n in snapshot.applied_pushes.items()},
+        "table_steps": snapshot.table_steps,
         "variable_options": [dataclasses.asdict(o) for o in snapshot.variable_options.values()],
         "dense": {name: add(value) for name, value in snapshot.dense.items()},
         "optimizer_slots": {name: {slot: add(value) for slot, value in slots.items()}
@@ -243,6 +244,7 @@ def _parse(archive, file):
         variable_options={o["name"]: VariableOptions(**o)
                           for o in meta.get("variable_options", [])},
         applied_pushes={int(w): int(n) for w, n in meta.get("applied_pushes", {}).items()},
+        table_steps=meta.get("table_steps"),
     )
     return snapshot, meta
 
@@ -253,7 +255,7 @@ class _Merge:
     def __init__(self, ps_id, num_ps):
         self._ps_id, self._num_ps = ps_id, num_ps
         self._first = None
-        self._version = 0
+        self._version = self._steps = 0
         self._iterations, self._others = -1, {}
         self._dense, self._slots, self._sources = {}, {}, {}
         self._rows = {}
@@ -274,6 +276,8 @@ class _Merge:
                 "tables than the checkpoint's first shard; the files come from different jobs."
             )
         self._version = max(self._version, snapshot.version)
+        steps = snapshot.version if snapshot.table_steps is None else snapshot.table_steps
+        self._steps = max(self._steps, steps)
         if snapshot.optimizer_iterations > self._iterations:
             self._iterations, self._others = (snapshot.optimizer_iterations,
                                               snapshot.optimizer_others)
@@ -317,6 +321,7 @@ class _Merge:
             applied_sequences=self._sequences,
             variable_options=self._options,
             applied_pushes=self._pushes,
+            table_steps=self._steps,
         )
 
 

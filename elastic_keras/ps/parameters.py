@@ -129,8 +129,7 @@ class Snapshot:
     """A shard's whole state as plain data: what `Parameters.snapshot` copies and `restore` takes.
 
     Attributes:
-        version: the model version. It is also the step count of the tables' sparse
-            optimizer, which keeps no other state.
+        version: the model version.
         optimizer_config: the JSON of `keras.optimizers.serialize(optimizer)`.
         tables: the `TableConfig`s the shard was initialised with.
         dense: `{name: array}` of the dense variables, in their own dtypes.
@@ -141,6 +140,9 @@ class Snapshot:
         applied_sequences: `{worker id: the highest push sequence applied}`.
         variable_options: `{name: VariableOptions}` of the dense variables.
         applied_pushes: `{worker id: pushes whose updates the shard holds}`.
+        table_steps: the updates the shard has applied: the step count of the tables'
+            sparse optimizer, which keeps no other state (None: the version, as files
+            written before versions could jump on a relaunch).
     """
 
     version: int
@@ -154,6 +156,7 @@ class Snapshot:
     applied_sequences: dict
     variable_options: dict = dataclasses.field(default_factory=dict)
     applied_pushes: dict = dataclasses.field(default_factory=dict)
+    table_steps: int = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +219,7 @@ class Parameters:
         self._options_pending = False  # restored from a file without variable options
         self._model = None
         self._version = min_version
+        self._steps = 0  # updates applied: the step of the tables' sparse optimizer
         self._applied_sequence = {}
         self._applied_pushes = collections.Counter()  # worker id -> pushes applied
         self._round = SyncRound()
@@ -381,6 +385,7 @@ class Parameters:
                 applied_sequences=dict(self._applied_sequence),
                 variable_options=dict(model.variable_options),
                 applied_pushes=dict(self._applied_pushes),
+                table_steps=self._steps,
             )
 
     def restore(self, snapshot):
@@ -418,6 +423,8 @@ class Parameters:
                 raise PSError("restore needs an empty shard: InitModel came first.")
             self._model = model
             self._version = max(snapshot.version, self._min_version)
+            self._steps = (snapshot.version if snapshot.table_steps is None
+                           else snapshot.table_steps)
             self._applied_sequence = dict(snapshot.applied_sequences)
             self._applied_pushes = collections.Counter(snapshot.applied_pushes)
             # Files written before variables had options: the workers' InitModel says.
@@ -536,12 +543,13 @@ class Parameters:
         variables' deltas added; bumps the version."""
         model.applier.apply(gradients, lr_scale)
         for name, (ids, grads) in rows.items():
-            model.tables[name].apply(ids, grads, model.sparse_optimizer, self._version + 1,
+            model.tables[name].apply(ids, grads, model.sparse_optimizer, self._steps + 1,
                                      lr_scale)
         for name, delta in deltas.items():
             variable = model.variables[name]
             variable.assign(variable.numpy() + delta)
         self._version += 1
+        self._steps += 1
         self._version_changed.notify_all()
 
     def _close_round(self, model):

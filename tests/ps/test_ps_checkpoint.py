@@ -85,6 +85,7 @@ def state_of(parameters):
 def assert_same_state(actual, expected):
     (snapshot, rows), (expected_snapshot, expected_rows) = actual, expected
     assert snapshot.version == expected_snapshot.version
+    assert snapshot.table_steps == expected_snapshot.table_steps
     assert snapshot.optimizer_iterations == expected_snapshot.optimizer_iterations
     assert snapshot.applied_sequences == expected_snapshot.applied_sequences
     assert_arrays_equal(snapshot.dense, expected_snapshot.dense)
@@ -242,6 +243,7 @@ def test_re_sharding_keeps_every_value_and_row_with_its_slots_exactly_once(tmp_p
     for ps_id, snapshot in enumerate(loaded):
         assert all(partition.dense_shard(n, new) == ps_id for n in snapshot.dense)
         assert snapshot.version == max(s.version for s in sources)
+        assert snapshot.table_steps == max(s.table_steps for s in sources)
         assert snapshot.optimizer_iterations == max(s.optimizer_iterations for s in sources)
         assert snapshot.applied_sequences == _merged_sequences(sources)
     source_dense = {n: v for s in sources for n, v in s.dense.items()}
