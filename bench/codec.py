@@ -25,7 +25,7 @@ import numpy as np
 import snappy
 
 from bench.common import emit, peak_rss_mb
-from elastic_keras.common import chunking, compression, tensor_codec, transfer_dtype
+from elastic_keras.common.transfer import chunking, compression, tensor_codec, transfer_dtype
 from elastic_keras.proto import tensor_pb2
 
 CHUNK = chunking.DEFAULT_CHUNK_BYTES

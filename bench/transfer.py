@@ -48,7 +48,8 @@ import numpy as np
 
 from bench.common import ChildServer, emit
 from bench.raw_grpc import RawPeer
-from elastic_keras.common import chunking, compression, rpc, tensor_stream
+from elastic_keras.common import rpc
+from elastic_keras.common.transfer import chunking, compression, tensor_stream
 
 VARIABLES = 5
 PAYLOADS = ("random", "zero90")
@@ -222,7 +223,7 @@ def throughput(quick):
 
 def compare_calls(ps, sizes, quick):
     """Emits streamed against unary push and pull times, codec none and float32."""
-    from elastic_keras.common import tensor_codec
+    from elastic_keras.common.transfer import tensor_codec
     from elastic_keras.common.ps_client import PSClient
     from elastic_keras.proto import pserver_pb2
 

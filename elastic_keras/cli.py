@@ -53,14 +53,14 @@ def _run_scale(args):
     import grpc
 
     from elastic_keras.common.master_client import MasterClient
-    from elastic_keras.master import registry
+    from elastic_keras.master import job_locator
 
     if args.num_workers < 1:
         print(f"elastic-keras scale: error: --num-workers must be at least 1. "
               f"Received: {args.num_workers}", file=sys.stderr)
         return 2
     try:
-        address = args.master_addr or registry.find(args.job_name)["address"]
+        address = args.master_addr or job_locator.find(args.job_name)["address"]
     except ConfigError as exc:
         print(f"elastic-keras scale: error: {exc}", file=sys.stderr)
         return 2

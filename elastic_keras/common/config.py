@@ -18,12 +18,16 @@ import dataclasses
 import re
 from typing import Any
 
-from elastic_keras.common.chunking import DEFAULT_CHUNK_BYTES
-from elastic_keras.common.compression import CODEC_NAMES
 from elastic_keras.common.errors import ConfigError
-from elastic_keras.common.tensor_stream import TRANSFER_DTYPE_NAMES
+from elastic_keras.common.transfer.chunking import DEFAULT_CHUNK_BYTES
+from elastic_keras.common.transfer.compression import CODEC_NAMES
+from elastic_keras.common.transfer.tensor_stream import TRANSFER_DTYPE_NAMES
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# A plain keras.layers.Embedding of more parameters than this (4 MB of float32) is served
+# from the parameter servers: pulling and pushing it whole every step costs more than moving
+# the rows a minibatch touches.
+EMBEDDING_THRESHOLD_PARAMS = 1_000_000
 MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 10, 256 << 20
 
 
@@ -131,7 +135,7 @@ class JobConfig:
         "(default: ~/.cache/elastic_keras/index)."
     )
     embedding_threshold_params: int = _flag(
-        1_000_000, help="A plain keras.layers.Embedding with more parameters than this is "
+        EMBEDDING_THRESHOLD_PARAMS, help="A plain keras.layers.Embedding with more parameters than this is "
         "served row by row from the parameter servers instead of as a dense variable."
     )
     grads_to_wait: int = _flag(
@@ -364,7 +368,7 @@ class WorkerConfig:
     progress_report_minibatches: int = _flag(4, help="Report progress every this many minibatches.")
     index_cache_dir: str = _flag("", help="Where record-file indexes go for read-only data.")
     embedding_threshold_params: int = _flag(
-        1_000_000, help="Plain Keras Embeddings larger than this are served from the PS."
+        EMBEDDING_THRESHOLD_PARAMS, help="Plain Keras Embeddings larger than this are served from the PS."
     )
     sync: bool = _flag(False, help="Synchronous training: wait for each round's update.")
     max_stale_retries: int = _flag(20, help="Recomputations of a stale minibatch allowed.")

@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from elastic_keras.common.errors import ModelSpecError
-from elastic_keras.common.partition import table_seed
+from elastic_keras.common.hashing import mix64, table_seed
 
 SUPPORTED = (
     "RandomUniform", "RandomNormal", "TruncatedNormal", "Zeros", "Ones", "Constant",
@@ -109,8 +109,9 @@ def initial_rows(table, ids, dim, initializer, input_dim=0, dtype=np.float32):
     if dist.kind == "constant":
         out.fill(dist.a)
         return out
-    table_key = _mix64_inplace(np.array([table_seed(table) ^ dist.seed_key], dtype=_U64))
-    row_keys = _mix64_inplace(ids.view(_U64) ^ table_key)
+    table_key = mix64(np.array([table_seed(table) ^ dist.seed_key], dtype=_U64))
+    row_keys = ids.view(_U64) ^ table_key
+    mix64(row_keys, out=row_keys)
     columns = np.arange(dim, dtype=_U64)
     chunk = max(1, _CHUNK_VALUES // max(dim, 1))
     for start in range(0, len(ids), chunk):
@@ -176,24 +177,12 @@ def _uniform(keys, columns, draw, which):
     counters = (columns * _U64(_MAX_DRAWS) + _U64(draw)) * _U64(2) + _U64(which)
     with np.errstate(over="ignore"):
         bits = keys + counters * _COUNTER_STRIDE
-    _mix64_inplace(bits)
+    mix64(bits, out=bits)
     bits >>= _U64(12)
     bits |= _FLOAT64_ONE_BITS  # 52 random mantissa bits under exponent 0: a float in [1, 2)
     values = bits.view(np.float64)
     values -= 1.0
     return values
-
-
-def _mix64_inplace(z):
-    """SplitMix64's finaliser (as `partition._mix64`), in place on a uint64 array."""
-    with np.errstate(over="ignore"):
-        z += _U64(0x9E3779B97F4A7C15)
-        z ^= z >> _U64(30)
-        z *= _U64(0xBF58476D1CE4E5B9)
-        z ^= z >> _U64(27)
-        z *= _U64(0x94D049BB133111EB)
-        z ^= z >> _U64(31)
-    return z
 
 
 def _cache_key(initializer):

@@ -53,7 +53,7 @@ import threading
 import keras
 import numpy as np
 
-from elastic_keras.common import tensor_codec
+from elastic_keras.common.transfer import tensor_codec
 from elastic_keras.common.errors import ModelSpecError, PayloadError
 from elastic_keras.proto import master_pb2
 

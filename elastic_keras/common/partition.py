@@ -4,10 +4,11 @@ Any process computes them alone, so a worker, the master and a restored checkpoi
 the placement without asking anyone.
 """
 
-import hashlib
 import zlib
 
 import numpy as np
+
+from elastic_keras.common.hashing import mix64, table_seed
 
 
 def dense_shard(name, num_ps):
@@ -29,23 +30,6 @@ def split_dense(named_values, num_ps):
     return shards
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(values):
-    """SplitMix64's finaliser over a uint64 array: a fast, well-spread, stable bit mixer."""
-    with np.errstate(over="ignore"):
-        z = values + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-def table_seed(table):
-    """A stable 64-bit number for an embedding table's name."""
-    return int.from_bytes(hashlib.blake2b(table.encode("utf-8"), digest_size=8).digest(), "little")
-
-
 def embedding_shards(table, ids, num_ps):
     """The shard of each row id of `table`: a stable hash of (table, id), as an int array.
 
@@ -57,5 +41,6 @@ def embedding_shards(table, ids, num_ps):
     ids = np.asarray(ids, dtype=np.int64).view(np.uint64)
     if num_ps == 1:  # every id's shard, without hashing
         return np.zeros(ids.shape, dtype=np.int64)
-    mixed = _mix64(ids ^ np.uint64(table_seed(table) & _MASK64))
+    mixed = ids ^ np.uint64(table_seed(table))
+    mix64(mixed, out=mixed)
     return (mixed % np.uint64(num_ps)).astype(np.int64)

@@ -29,7 +29,8 @@ import time
 import grpc
 import numpy as np
 
-from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
+from elastic_keras.common import partition, rpc
+from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.proto import pserver_pb2
 
 UNARY_MAX_BYTES = 256 << 10

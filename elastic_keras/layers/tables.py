@@ -30,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_keras.common.config import EMBEDDING_THRESHOLD_PARAMS
 from elastic_keras.common.errors import ModelSpecError
 from elastic_keras.layers.embedding import (
     Embedding,
@@ -39,10 +40,7 @@ from elastic_keras.layers.embedding import (
 )
 from elastic_keras.layers.lookup_context import current_context, lookup_unique
 
-# A plain Embedding of more parameters than this (4 MB of float32) is served from the
-# parameter servers by default: pulling and pushing it whole every step costs more than
-# moving the rows a minibatch touches.
-DEFAULT_THRESHOLD_PARAMS = 1_000_000
+DEFAULT_THRESHOLD_PARAMS = EMBEDDING_THRESHOLD_PARAMS  # what a job uses by default
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The master's side of checkpoints: when to take one, taking it, and what a job resumes from.
 
-A checkpoint is a directory `CHECKPOINT_DIR/ckpt-N/` (see `common/checkpoint.py`) whose
+A checkpoint is a directory `CHECKPOINT_DIR/ckpt-N/` (see `common/checkpoint_layout.py`) whose
 shard files belong together: every one holds the same minibatches. The master takes one in
 four steps, so that the job state it records never claims more than the parameters hold:
 
@@ -27,7 +27,7 @@ import time
 
 import grpc
 
-from elastic_keras.common import checkpoint as layout
+from elastic_keras.common import checkpoint_layout
 from elastic_keras.common.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class JobCheckpoints:
         """
         if not self.enabled:
             return None
-        found = layout.latest_complete(self.root)
+        found = checkpoint_layout.latest_complete(self.root)
         if found is None:
             return None
         path, manifest = found
@@ -95,7 +95,7 @@ class JobCheckpoints:
         if not self.enabled:
             return ""
         try:
-            found = layout.latest_complete(self.root)
+            found = checkpoint_layout.latest_complete(self.root)
         except CheckpointError as exc:
             logger.warning("Cannot read %s: %s", self.root, exc)
             return ""
@@ -119,8 +119,8 @@ class JobCheckpoints:
         """
         started = time.monotonic()
         try:
-            number = layout.next_number(self.root)
-            path = layout.checkpoint_path(self.root, number)
+            number = checkpoint_layout.next_number(self.root)
+            path = checkpoint_layout.checkpoint_path(self.root, number)
             try:
                 cut = ps_client.prepare_checkpoint(number, HOLD_S)
                 if live_workers is not None:
@@ -129,7 +129,7 @@ class JobCheckpoints:
             except grpc.RpcError:
                 ps_client.release_checkpoint(number, timeout_s=5.0)
                 raise
-            layout.write_manifest(path, {
+            checkpoint_layout.write_manifest(path, {
                 "number": number,
                 "num_ps": len(shards),
                 "shards": [{"file": s.file, "bytes": s.bytes, "crc32c": s.crc32c,
@@ -138,7 +138,7 @@ class JobCheckpoints:
                 "job_state": {"format": JOB_STATE_FORMAT, "job_name": self.job_name,
                               **job_state},
             })
-            layout.prune(self.root, self.keep_max)
+            checkpoint_layout.prune(self.root, self.keep_max)
         except (grpc.RpcError, OSError, CheckpointError) as exc:
             details = exc.details() if isinstance(exc, grpc.RpcError) else exc
             logger.warning("Checkpoint failed (%s); the previous one stays the latest.",
@@ -160,11 +160,11 @@ def init_checkpoint(directory):
         ConfigError: there is none (naming the directory and what it holds).
     """
     try:
-        found = layout.latest_complete(directory)
+        found = checkpoint_layout.latest_complete(directory)
     except CheckpointError as exc:
         raise ConfigError(f"--checkpoint-dir-for-init {directory}: {exc}") from exc
     if found is None:
-        held = [p for _, p in layout.list_checkpoints(directory)]
+        held = [p for _, p in checkpoint_layout.list_checkpoints(directory)]
         raise ConfigError(
             f"--checkpoint-dir-for-init {directory} holds no complete checkpoint (a "
             f"ckpt-N directory with MANIFEST.json and every shard file intact). Received: "

@@ -31,7 +31,7 @@ from elastic_keras.common.errors import ConfigError, ModelSpecError, PayloadErro
 from elastic_keras.common.metrics import MetricSums
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.data.shards import list_shards
-from elastic_keras.master import instance_manager, registry
+from elastic_keras.master import instance_manager, job_locator
 from elastic_keras.master.checkpoints import JobCheckpoints, init_checkpoint
 from elastic_keras.master.console import Console
 from elastic_keras.master.export import export_saved_model, sample_features
@@ -217,7 +217,7 @@ class Master:
                 self.config.host, self.config.port,
             )
             self._address = f"{self.config.host}:{port}"
-            registry.register(self.config.job_name, self._address)
+            job_locator.register(self.config.job_name, self._address)
             logger.info("Job %s: master at %s; %d training records in %d files, %d tasks/epoch",
                         self.config.job_name, self._address, self.tasks.records_per_epoch,
                         len(self._shards), self.tasks.tasks_per_epoch)
@@ -238,7 +238,7 @@ class Master:
             raise
         finally:
             self._shutdown(server)
-            registry.unregister(self.config.job_name)
+            job_locator.unregister(self.config.job_name)
             summary = self._summary(started)
             if self.config.output:
                 os.makedirs(self.config.output, exist_ok=True)

@@ -1,6 +1,6 @@
 """A shard's state to and from a checkpoint file, re-sharded when the shard count changed.
 
-A shard file (`ps-{id}-of-{n}.ckpt`, see `common/checkpoint.py` for the directory layout) is
+A shard file (`ps-{id}-of-{n}.ckpt`, see `common/checkpoint_layout.py` for the directory layout) is
 a numpy `.npz` archive, an uncompressed ZIP64 file that `numpy.load(path,
 allow_pickle=False)` opens. Its member `meta.json` describes the shard (format, version,
 optimizer config, table configs, the dense variables' options, optimizer step count,
@@ -34,7 +34,7 @@ import numpy as np
 
 from elastic_keras.common import partition
 from elastic_keras.common.atomic_file import atomic_write
-from elastic_keras.common.checkpoint import ShardFile, file_crc32c, read_manifest, shard_file_name
+from elastic_keras.common.checkpoint_layout import ShardFile, file_crc32c, read_manifest, shard_file_name
 from elastic_keras.common.errors import CheckpointError
 from elastic_keras.ps.embedding_table import TableState
 from elastic_keras.ps.parameters import Snapshot, TableConfig, VariableOptions

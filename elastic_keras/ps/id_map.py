@@ -29,7 +29,7 @@ Example:
 
 import numpy as np
 
-from elastic_keras.common.partition import _mix64
+from elastic_keras.common.hashing import mix64
 
 MAX_LOAD = 0.6
 _MIN_CAPACITY = 16
@@ -107,7 +107,8 @@ class IdMap:
 
     def _home(self, ids):
         """The first entry each id probes: the top bits of a 64-bit mix of the id."""
-        return (_mix64(ids.view(np.uint64) ^ _SALT) >> self._shift).astype(np.intp)
+        mixed = ids.view(np.uint64) ^ _SALT
+        return (mix64(mixed, out=mixed) >> self._shift).astype(np.intp)
 
     def _probe(self, ids, stops):
         """Looks up 1-D `ids`: their slots (-1 if absent) and, with `stops`, for absent ids the

@@ -33,7 +33,7 @@ from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.errors import CheckpointError
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
-from elastic_keras.common.tensor_stream import TransferOptions
+from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters

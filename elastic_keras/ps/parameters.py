@@ -38,7 +38,7 @@ from elastic_keras.common.errors import (
     CheckpointError, DataError, ModelSpecError, NotReadyError, PayloadError, PSError,
 )
 from elastic_keras.common.optimizer_contract import shard_config
-from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.common.transfer.tensor_codec import Slices
 from elastic_keras.ps.consistency import StalenessStats, SyncRound, UpdatePolicy
 from elastic_keras.ps.embedding_table import EmbeddingTable, TableState
 from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config

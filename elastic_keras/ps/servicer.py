@@ -23,7 +23,8 @@ import os
 
 import grpc
 
-from elastic_keras.common import rpc, tensor_codec, tensor_stream
+from elastic_keras.common import rpc
+from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 from elastic_keras.ps.checkpoint import save_shard

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_keras.common.errors import PayloadError
-from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.common.transfer.tensor_codec import Slices
 
 _NAMES_IN_MESSAGES = 5
 

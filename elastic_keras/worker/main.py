@@ -21,7 +21,7 @@ from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.common.ps_client import PSClient
-from elastic_keras.common.tensor_stream import TransferOptions
+from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.worker.task_loop import TaskLoop
 from elastic_keras.worker.trainer import Trainer
 

@@ -34,6 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_keras.common.config import EMBEDDING_THRESHOLD_PARAMS
 from elastic_keras.common.errors import ModelSpecError, NotReadyError, PSError, PushRefused
 from elastic_keras.common.metrics import build_metrics, to_states
 from elastic_keras.common.model_variables import split_trainable
@@ -75,7 +76,7 @@ class Trainer:
             asynchronous training allows; a rejected push could not be recomputed.
     """
 
-    def __init__(self, spec, ps_client, worker_id, embedding_threshold_params=1_000_000,
+    def __init__(self, spec, ps_client, worker_id, embedding_threshold_params=EMBEDDING_THRESHOLD_PARAMS,
                  sync=False, max_stale_retries=20, overlap=False, stop=None):
         self._spec = spec
         self._stop = stop or threading.Event()  # set: stop waiting for parameter servers

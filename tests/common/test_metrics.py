@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_keras.common import tensor_codec
+from elastic_keras.common.transfer import tensor_codec
 from elastic_keras.common.errors import ModelSpecError, PayloadError
 from elastic_keras.common.metrics import MetricSums, build_metrics, to_states
 from elastic_keras.proto import master_pb2

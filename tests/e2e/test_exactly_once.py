@@ -100,7 +100,7 @@ def test_a_counter_counts_every_minibatch_of_two_overlapping_workers_on_two_shar
 
 def test_every_shard_file_of_a_checkpoint_holds_the_same_minibatches(digits_records,
                                                                      tmp_path):
-    from elastic_keras.common.checkpoint import list_checkpoints
+    from elastic_keras.common.checkpoint_layout import list_checkpoints
     from elastic_keras.ps.checkpoint import load_shards
 
     out, checkpoints = tmp_path / "out", tmp_path / "ckpt"

@@ -2,7 +2,8 @@
 
 import pytest
 
-from elastic_keras.common import rpc, tensor_stream
+from elastic_keras.common import rpc
+from elastic_keras.common.transfer import tensor_stream
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer, add_to_server
 

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.common.transfer.tensor_codec import Slices
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters, Push, TableConfig
 

@@ -10,8 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common import checkpoint as layout
-from elastic_keras.common import partition, rpc, tensor_codec, tensor_stream
+from elastic_keras.common import checkpoint_layout
+from elastic_keras.common import partition, rpc
+from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.errors import CheckpointError, NotReadyError, PSError
 from elastic_keras.common.ps_client import PSClient
@@ -112,12 +113,12 @@ def assert_arrays_equal(actual, expected):
 
 
 def write_checkpoint(path, shard_files, number=1):
-    layout.write_manifest(path, {"number": number, "num_ps": len(shard_files),
+    checkpoint_layout.write_manifest(path, {"number": number, "num_ps": len(shard_files),
                                  "shards": shard_files})
 
 
 def save_one(parameters, tmp_path, number=1):
-    path = layout.checkpoint_path(str(tmp_path), number)
+    path = checkpoint_layout.checkpoint_path(str(tmp_path), number)
     write_checkpoint(path, [save_shard(parameters, path, 0, 1)], number)
     return path
 
@@ -176,7 +177,7 @@ def test_shard_file_is_a_pickle_free_npz_with_its_crc(tmp_path):
     shard = save_shard(parameters, path, 1, 2)
     file = os.path.join(path, "ps-1-of-2.ckpt")
     assert shard.file == "ps-1-of-2.ckpt" and shard.model_version == 1
-    assert layout.file_crc32c(file) == (shard.crc32c, shard.bytes)
+    assert checkpoint_layout.file_crc32c(file) == (shard.crc32c, shard.bytes)
     assert os.listdir(path) == ["ps-1-of-2.ckpt"]
     with np.load(file, allow_pickle=False) as archive:
         meta = json.loads(archive["meta.json"])
@@ -228,7 +229,7 @@ def sharded_job(tmp_path, num_ps, optimizer="adam"):
             holds_steps = partition.dense_shard("steps", num_ps) == ps_id
             assert shard.push(make_push(rng, sequence, names, worker_id=sequence % 2,
                                         table_ids=owned, assign=holds_steps)).accepted
-    path = layout.checkpoint_path(str(tmp_path), 4)
+    path = checkpoint_layout.checkpoint_path(str(tmp_path), 4)
     write_checkpoint(path, [save_shard(s, path, i, num_ps) for i, s in enumerate(shards)], 4)
     return path, [s.snapshot() for s in shards]
 
@@ -291,7 +292,7 @@ def rows_by_id(states):
 
 
 def test_re_sharding_rejects_files_of_different_jobs(tmp_path):
-    path = layout.checkpoint_path(str(tmp_path), 1)
+    path = checkpoint_layout.checkpoint_path(str(tmp_path), 1)
     files = [save_shard(new_shard(initial_values(), "adam"), path, 0, 2),
              save_shard(new_shard(initial_values(), "adagrad"), path, 1, 2)]
     write_checkpoint(path, files)
@@ -339,7 +340,7 @@ def test_save_checkpoint_rpc_writes_the_shard_file(serve, tmp_path):
     response = save_rpc(address, path, 2)
     assert (response.file, response.model_version) == ("ps-1-of-2.ckpt", 2)
     file = os.path.join(path, response.file)
-    assert layout.file_crc32c(file) == (response.crc32c, response.bytes)
+    assert checkpoint_layout.file_crc32c(file) == (response.crc32c, response.bytes)
 
 
 @pytest.mark.parametrize("path, num_ps, message", [
@@ -372,14 +373,14 @@ def test_ps_client_saves_every_shard_into_a_loadable_checkpoint(serve, tmp_path)
     client = PSClient([address for _, address in shards], deadline_s=30)
     try:
         client.init_model(initial_values(), optimizer_config("sgd_momentum"))
-        path = layout.checkpoint_path(str(tmp_path), layout.next_number(str(tmp_path)))
+        path = checkpoint_layout.checkpoint_path(str(tmp_path), checkpoint_layout.next_number(str(tmp_path)))
         responses = client.save_checkpoint(path)
     finally:
         client.close()
     assert [r.file for r in responses] == ["ps-0-of-2.ckpt", "ps-1-of-2.ckpt"]
-    write_checkpoint(path, [layout.ShardFile(r.file, r.bytes, r.crc32c, r.model_version)
+    write_checkpoint(path, [checkpoint_layout.ShardFile(r.file, r.bytes, r.crc32c, r.model_version)
                             for r in responses])
-    assert layout.latest_complete(str(tmp_path))[0] == path
+    assert checkpoint_layout.latest_complete(str(tmp_path))[0] == path
     whole = load_shards(path, 0, 1)
     assert_arrays_equal(whole.dense, initial_values())
 

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.common.transfer.tensor_codec import Slices
 from elastic_keras.ps import optimizer as optimizer_module
 from elastic_keras.ps.parameters import Parameters, Push
 

@@ -12,7 +12,8 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common import rpc, tensor_codec, tensor_stream
+from elastic_keras.common import rpc
+from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.config import PSConfig
 from elastic_keras.proto import master_pb2, master_pb2_grpc, pserver_pb2
 from elastic_keras.ps import main as ps_main

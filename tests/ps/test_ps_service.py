@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_keras.common import tensor_codec
+from elastic_keras.common.transfer import tensor_codec
 from elastic_keras.proto import pserver_pb2
 
 RNG = np.random.default_rng(7)

@@ -8,10 +8,11 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common import chunking, rpc, tensor_codec, tensor_stream, transfer_dtype
-from elastic_keras.common.compression import CODEC_NAMES
+from elastic_keras.common import rpc
+from elastic_keras.common.transfer import chunking, tensor_codec, tensor_stream, transfer_dtype
+from elastic_keras.common.transfer.compression import CODEC_NAMES
 from elastic_keras.common.ps_client import UNARY_MAX_BYTES, PSClient
-from elastic_keras.common.tensor_stream import TransferOptions, push_parts
+from elastic_keras.common.transfer.tensor_stream import TransferOptions, push_parts
 from elastic_keras.proto import pserver_pb2
 from elastic_keras.ps.parameters import Parameters, TableConfig
 from elastic_keras.ps.servicer import PServerServicer, add_to_server

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_keras.common import tensor_codec
+from elastic_keras.common.transfer import tensor_codec
 from elastic_keras.common.errors import PayloadError
 from elastic_keras.proto import tensor_pb2
 

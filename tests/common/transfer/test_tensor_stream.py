@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_keras.common import chunking, tensor_codec, tensor_stream
+from elastic_keras.common.transfer import chunking, tensor_codec, tensor_stream
 from elastic_keras.common.errors import ConfigError, PayloadError
-from elastic_keras.common.tensor_stream import TransferOptions
+from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.proto import pserver_pb2
 
 rng = np.random.default_rng(5)

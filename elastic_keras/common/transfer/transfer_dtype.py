@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from elastic_keras.common.errors import ConfigError
-from elastic_keras.common.tensor_codec import Slices
+from elastic_keras.common.transfer.tensor_codec import Slices
 
 TRANSFER_DTYPES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _FLOATING = frozenset(

@@ -29,7 +29,7 @@ announces are checked against its dtype and shape before a buffer is allocated f
 Example:
 
     >>> import numpy as np
-    >>> from elastic_keras.common import tensor_codec
+    >>> from elastic_keras.common.transfer import tensor_codec
     >>> wire = [tensor_codec.wire_tensor("w", np.zeros((1000, 1000), np.float32))]
     >>> sent = [encode_frame(f) for f in split_tensors(wire, "none", chunk_bytes=1 << 20)]
     >>> (joined,) = join_tensors(decode_frame(raw) for raw in sent)
@@ -43,7 +43,7 @@ import numpy as np
 import xxhash
 from google.protobuf.message import DecodeError
 
-from elastic_keras.common import compression, tensor_codec
+from elastic_keras.common.transfer import compression, tensor_codec
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.proto import transfer_pb2
 

@@ -1,4 +1,4 @@
-"""Where running masters can be found by job name, for `elastic-keras scale`.
+"""The job locator: where running masters can be found by job name, for `elastic-keras scale`.
 
 A master records `{"job_name", "address", "pid", "started"}` in
 `$ELASTIC_KERAS_HOME/jobs/<job name>.json` (default home: `~/.cache/elastic_keras`) while it
@@ -7,10 +7,10 @@ killed) is stale: `find` says so, and the next master of that name replaces it.
 
 Example:
 
-    >>> register("demo", "127.0.0.1:5000", home="/tmp/ek-registry-doc")
-    >>> find("demo", home="/tmp/ek-registry-doc")["address"]
+    >>> register("demo", "127.0.0.1:5000", home="/tmp/ek-locator-doc")
+    >>> find("demo", home="/tmp/ek-locator-doc")["address"]
     '127.0.0.1:5000'
-    >>> unregister("demo", home="/tmp/ek-registry-doc")
+    >>> unregister("demo", home="/tmp/ek-locator-doc")
 """
 
 import json
@@ -51,7 +51,7 @@ def _alive(pid):
 def register(job_name, address, home=""):
     """Records that this process runs the master of `job_name` at `address`.
 
-    Never fails the job: an unwritable registry only loses `elastic-keras scale` by name.
+    Never fails the job: an unwritable locator only loses `elastic-keras scale` by name.
     """
     path = _entry_path(job_name, home)
     try:

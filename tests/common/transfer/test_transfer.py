@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from elastic_keras.common import chunking, compression, rpc, tensor_codec, transfer_dtype
+from elastic_keras.common import rpc
+from elastic_keras.common.transfer import chunking, compression, tensor_codec, transfer_dtype
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.proto import tensor_pb2, transfer_pb2
 

@@ -30,7 +30,7 @@ Example:
 
 import dataclasses
 
-from elastic_keras.common import chunking, compression, tensor_codec, transfer_dtype
+from elastic_keras.common.transfer import chunking, compression, tensor_codec, transfer_dtype
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.proto import pserver_pb2
 
