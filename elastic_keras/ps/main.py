@@ -13,10 +13,10 @@ so a restarted master learns it again. With `--restore-from CHECKPOINT_DIR/ckpt-
 first loads its state from that checkpoint (re-sharded if it was written by another number of
 parameter servers), so InitModel from a worker keeps it.
 
-Exit status: 0 when the master says the job has finished, or on SIGTERM/SIGINT (the server
-gets `STOP_GRACE_S` to finish calls in flight); `EXIT_MASTER_LOST` when the master has not
-answered for `MASTER_LOST_S`, so no orphan parameter server outlives its job; 2 for bad flags
-or a checkpoint that cannot be restored (`EXIT_BAD_CHECKPOINT`).
+Exit status (`RoleExitCode`): OK when the master says the job has finished, or on
+SIGTERM/SIGINT (the server gets `STOP_GRACE_S` to finish calls in flight); MASTER_LOST when
+the master has not answered for `MASTER_LOST_S`, so no orphan parameter server outlives its
+job; BAD_INPUT for bad flags or a checkpoint that cannot be restored.
 """
 
 import contextlib
@@ -31,6 +31,7 @@ import grpc
 from elastic_keras.common import rpc
 from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.errors import CheckpointError
+from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.transfer.tensor_stream import TransferOptions
@@ -45,8 +46,6 @@ logger = logging.getLogger(__name__)
 # MASTER_LOST_S, so the process exits close to that bound.
 MASTER_CALL_DEADLINE_S = 5.0
 STOP_GRACE_S = 1.0
-EXIT_MASTER_LOST = 1
-EXIT_BAD_CHECKPOINT = 2
 
 
 def main(argv=None) -> int:
@@ -81,7 +80,7 @@ def run(config, stop):
     )
     parameters = Parameters(policy, config.min_version)
     if config.restore_from and not _restore(config, parameters):
-        return EXIT_BAD_CHECKPOINT
+        return RoleExitCode.BAD_INPUT
     transfer = TransferOptions.of(config)
     servicer = PServerServicer(parameters, transfer, config.ps_id)
     server, port = rpc.create_server(
@@ -152,7 +151,7 @@ def _keep_in_touch(config, address, parameters, master, stop):
                 "orphan parameter server lives on.",
                 config.master_addr, MASTER_LOST_S,
             )
-            return EXIT_MASTER_LOST
+            return RoleExitCode.MASTER_LOST
         try:
             if not registered:
                 master.register_ps(config.ps_id, address)

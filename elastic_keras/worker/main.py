@@ -1,10 +1,11 @@
 """The worker process: `python -m elastic_keras.worker --worker-id N --master-addr H:P ...`.
 
-Exit status: 0 when the master has no more tasks, and when SIGTERM (preemption, scaling down)
-made the worker hand its task back and leave; `EXIT_MASTER_LOST` when the master has not
-answered for `MASTER_LOST_S`, so no orphan worker outlives its job; `EXIT_LEAVE_TIMEOUT` when
-leaving after SIGTERM took longer than `LEAVE_GRACE_S` (a call to an unreachable master or
-parameter server still blocked), so a told-to-go worker always goes; 2 for bad flags.
+Exit status (`RoleExitCode`): OK when the master has no more tasks, and when SIGTERM
+(preemption, scaling down) made the worker hand its task back and leave; MASTER_LOST when the
+master has not answered for `MASTER_LOST_S`, so no orphan worker outlives its job;
+LEAVE_TIMEOUT when leaving after SIGTERM took longer than `LEAVE_GRACE_S` (a call to an
+unreachable master or parameter server still blocked), so a told-to-go worker always goes;
+BAD_INPUT for bad flags.
 """
 
 import logging
@@ -17,6 +18,7 @@ import time
 import grpc
 
 from elastic_keras.common.config import WorkerConfig, parse_argv
+from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
@@ -31,8 +33,6 @@ CLUSTER_WAIT_S = 300.0
 # After SIGTERM the worker has this long to finish its minibatch, let its push land and hand
 # its task back (the master, which SIGKILLs it after 30 s, re-queues the task in any case).
 LEAVE_GRACE_S = 20.0
-EXIT_MASTER_LOST = 1
-EXIT_LEAVE_TIMEOUT = 3
 
 
 def _wait_for_cluster(master, worker_id, stop):
@@ -53,7 +53,7 @@ class Heartbeat(threading.Thread):
     """Tells the master every `HEARTBEAT_INTERVAL_S` that this worker lives.
 
     Registers again when a restarted master does not know the worker, and ends the process
-    with `EXIT_MASTER_LOST` once the master has been silent for `MASTER_LOST_S` (the main
+    with `RoleExitCode.MASTER_LOST` once the master has been silent for `MASTER_LOST_S` (the main
     thread may then be blocked in a call to it).
     """
 
@@ -80,7 +80,7 @@ class Heartbeat(threading.Thread):
                                  "Exiting so that no orphan worker lives on.",
                                  self._master.address, silent)
                     logging.shutdown()
-                    os._exit(EXIT_MASTER_LOST)
+                    os._exit(RoleExitCode.MASTER_LOST)
                     return
                 logger.warning("The master did not answer a heartbeat (%s); silent for %.0f s",
                                exc.code().name, silent)
@@ -96,7 +96,7 @@ def _leave_on_sigterm(stop):
         logger.error("Could not leave within %.0f s of SIGTERM (a call to the master or a "
                      "parameter server still blocks); exiting now.", LEAVE_GRACE_S)
         logging.shutdown()
-        os._exit(EXIT_LEAVE_TIMEOUT)
+        os._exit(RoleExitCode.LEAVE_TIMEOUT)
 
     def on_sigterm(*_):
         if not stop.is_set():

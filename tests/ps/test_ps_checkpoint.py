@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common import checkpoint_layout
 from elastic_keras.common import partition, rpc
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
@@ -422,6 +423,6 @@ def test_run_exits_2_when_the_checkpoint_cannot_be_restored(tmp_path, monkeypatc
     monkeypatch.setattr(ps_main, "_keep_in_touch",
                         lambda *args: pytest.fail("a bad checkpoint must stop the start-up"))
     config = PSConfig(ps_id=0, num_ps=1, master_addr="127.0.0.1:1", restore_from=path)
-    assert ps_main.run(config, threading.Event()) == ps_main.EXIT_BAD_CHECKPOINT == 2
+    assert ps_main.run(config, threading.Event()) == RoleExitCode.BAD_INPUT == 2
     assert f"Cannot restore shard 0 of 1 from --restore-from {path}" in caplog.text
     assert "ps-0-of-1.ckpt cannot be read" in caplog.text

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common import rpc
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.config import PSConfig
@@ -151,7 +152,7 @@ def test_ps_exits_nonzero_when_the_master_is_gone(master, start_ps):
     master.server.stop(0)
     gone_at = time.monotonic()
     code = wait_exit(process, ps_main.MASTER_LOST_S + 15)
-    assert code == ps_main.EXIT_MASTER_LOST != 0, output(process)
+    assert code == RoleExitCode.MASTER_LOST != 0, output(process)
     assert time.monotonic() - gone_at >= ps_main.MASTER_LOST_S - ps_main.HEARTBEAT_INTERVAL_S - 1
     assert "it is gone" in output(process)
 
@@ -173,7 +174,7 @@ def in_process_config(master):
 def test_run_gives_up_when_no_master_ever_answers(master, quick_master_checks, caplog):
     master.server.stop(0)
     started = time.monotonic()
-    assert ps_main.run(in_process_config(master), threading.Event()) == ps_main.EXIT_MASTER_LOST
+    assert ps_main.run(in_process_config(master), threading.Event()) == RoleExitCode.MASTER_LOST
     assert 3.0 <= time.monotonic() - started < 15.0
     assert "it is gone" in caplog.text
 

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common import rpc
 from elastic_keras.common.master_client import MasterClient
 from elastic_keras.proto import master_pb2, master_pb2_grpc
@@ -61,7 +62,7 @@ def test_a_worker_exits_when_the_master_is_gone(fast_heartbeat, monkeypatch):
     heartbeat.start()
     try:
         assert exited.wait(20)
-        assert exits[0] == worker_main.EXIT_MASTER_LOST
+        assert exits[0] == RoleExitCode.MASTER_LOST
     finally:
         heartbeat.close()
         heartbeat.join(5)
@@ -83,6 +84,6 @@ def test_a_worker_told_to_leave_exits_when_leaving_blocks(monkeypatch):
         assert stop.wait(5)
         assert not exited.is_set()  # leaving gets its grace period first
         assert exited.wait(5)
-        assert exits == [worker_main.EXIT_LEAVE_TIMEOUT]
+        assert exits == [RoleExitCode.LEAVE_TIMEOUT]
     finally:
         signal.signal(signal.SIGTERM, previous)
