@@ -40,7 +40,8 @@ from elastic_keras.master.membership import Membership
 from elastic_keras.master.push_account import PushAccount
 from elastic_keras.master.servicer import MasterServicer
 from elastic_keras.master.summary import JobStatus, JobSummary
-from elastic_keras.master.task_manager import TaskManager, TaskType
+from elastic_keras.master.task_manager import TaskManager
+from elastic_keras.master.tasks import TaskOutcome, TaskType
 from elastic_keras.master.tensorboard import EventWriter
 from elastic_keras.master.throughput import Throughput
 from elastic_keras.proto import master_pb2_grpc
@@ -140,7 +141,7 @@ class Master:
         if task.type == TaskType.TRAINING:
             trained = records_done if error or abandoned else task.num_records
             self.throughput.add(max(0, trained - before), None if error else loss)
-        elif outcome == "done":
+        elif outcome == TaskOutcome.DONE:
             try:
                 self._eval_sums.add(metric_states)
             except (PayloadError, ModelSpecError) as exc:  # none of the task's states added

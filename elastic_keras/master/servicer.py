@@ -2,7 +2,7 @@
 
 import grpc
 
-from elastic_keras.master.task_manager import TaskType
+from elastic_keras.master.tasks import TaskType
 from elastic_keras.proto import master_pb2, master_pb2_grpc
 
 _WIRE_TYPES = {TaskType.TRAINING: master_pb2.TASK_TRAINING,

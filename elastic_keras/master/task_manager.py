@@ -1,7 +1,7 @@
-"""The task queue: epochs of training tasks, evaluation rounds, re-queues, timeouts, coverage.
+"""The task queue: epochs of training tasks, re-queues, timeouts and coverage.
 
-A task is a range of records of one file. Each epoch's tasks are handed out in a shuffled
-order.
+Each epoch's tasks (`tasks.Task`, ranges of records cut by `data.shards.split_range`) are
+handed out in a shuffled order.
 
 Re-queues. A task goes back to the front of the queue, resuming after the last record its
 worker reported (an evaluation task starts over: its metrics come only with its result):
@@ -12,13 +12,9 @@ worker reported (an evaluation task starts over: its metrics come only with its 
   holds it too long (`overdue`, `requeue_overdue`). None of these is the task's fault, so no
   retry is counted.
 
-Evaluation rounds. `start_evaluation` opens a round over the validation data, at the end of
-an epoch or mid-epoch. While it is open no training task is handed out, and its evaluation
-tasks are handed out only once no training task runs: with asynchronous training too, every
-evaluation task sees the same model. `get()` returns None meanwhile (the worker waits).
-
-Persistence. `state()` is a JSON-serialisable snapshot; `TaskManager.from_state` rebuilds a
-manager that carries on from it after a restart of the master.
+Evaluation rounds (`start_evaluation`, see `evaluation_rounds`) pause the training tasks;
+`get()` returns None meanwhile (the worker waits). `state()` and `from_state` carry the
+queue across a restart of the master (see `task_state`).
 
 All methods are thread-safe: the master's gRPC threads and its main loop share one manager.
 
@@ -30,86 +26,15 @@ Example:
     tasks.report_result(task.task_id, 100)
 """
 
-import collections
-import dataclasses
-import enum
 import random
 import threading
-import time
-from typing import NamedTuple
 
-from elastic_keras.master.coverage import Coverage
-
-STATE_FORMAT = 1
-
-
-class TaskType(str, enum.Enum):
-    TRAINING = "training"
-    EVALUATION = "evaluation"
-
-
-@dataclasses.dataclass
-class Task:
-    """One attempt at a range of records: [start, end) of `path`."""
-
-    task_id: int
-    type: TaskType
-    path: str
-    start: int
-    end: int
-    epoch: int
-    model_version: int = 0
-    retries: int = 0
-    origin: "tuple[str, int, int]" = ()  # (path, start, end) of the task's first attempt
-    takes_over: bool = False  # it carries on the attempt of a worker that left or hung
-
-    @property
-    def num_records(self):
-        return self.end - self.start
-
-
-@dataclasses.dataclass
-class _Running:
-    task: Task
-    worker_id: int
-    started: float  # time.monotonic()
-    records_done: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochCounts:
-    """How many records of one epoch were trained never, once, or more than once, and the
-    seconds from its first training task handed out to its last one done in this run (None
-    when it was not all trained in this run).
-
-    `tasks_lost` counts the epoch's training tasks taken from a worker that died or timed
-    out: each may have trained records past its last progress report, which are trained
-    again and which no report counts (see `recover_worker`).
-    """
-
-    epoch: int
-    total: int
-    trained_at_least_once: int
-    trained_more_than_once: int
-    training_s: "float | None" = None
-    tasks_lost: int = 0
-
-
-class EvalRound(NamedTuple):
-    """An evaluation round of `epoch` at `model_version`; `end_of_epoch` when the epoch's
-    training was complete when it ran (the master then calls `next_epoch()`)."""
-
-    epoch: int
-    model_version: int
-    end_of_epoch: bool
-
-
-class Overdue(NamedTuple):
-    """A running task held past its timeout (see `TaskManager.overdue`)."""
-
-    task_id: int
-    worker_id: int
-    held_s: float  # how long its worker has held it
+from elastic_keras.data.shards import split_range
+from elastic_keras.master.epoch_ledger import EpochLedger
+from elastic_keras.master.evaluation_rounds import EvaluationRounds
+from elastic_keras.master.running_tasks import Running, RunningTasks
+from elastic_keras.master.task_state import COUNTERS, QueueState
+from elastic_keras.master.tasks import Task, TaskOutcome, TaskType
 
 
 class TaskManager:
@@ -129,24 +54,17 @@ class TaskManager:
                  eval_shards=(), seed=None):
         self._shards = [(str(path), int(n)) for path, n in shards]
         self.records_per_task = records_per_task
-        self._train_ranges = self._ranges(self._shards, records_per_task)
-        self._eval_ranges = self._ranges(eval_shards, records_per_task)
+        self._train_ranges = _ranges(self._shards, records_per_task)
+        self._rounds = EvaluationRounds(_ranges(eval_shards, records_per_task))
         self.records_per_epoch = sum(n for _, n in self._shards)
         self.num_epochs = num_epochs
         self.max_task_retries = max_task_retries
         self._rng = random.Random(seed)
         self._last_id = 0
         self._lock = threading.Lock()
-        self._todo: list[Task] = []       # training tasks of the current epoch
-        self._eval_todo: list[Task] = []  # evaluation tasks of the open round
-        self._doing: dict[int, _Running] = {}
-        self._coverage = [Coverage() for _ in range(num_epochs)]
-        self._epoch_done_records = [0] * num_epochs
-        self._round = None  # the open EvalRound
-        self._epoch_evaluated = False  # an end-of-epoch round ended; next_epoch() is due
-        self._slowest = {}  # TaskType -> seconds of the slowest completed task
-        self._epoch_span = {}  # epoch -> [first training task handed out, training done]
-        self._lost = collections.Counter()  # epoch -> training tasks lost with their worker
+        self._todo: list[Task] = []  # training tasks of the current epoch
+        self._doing = RunningTasks()
+        self._ledger = EpochLedger(num_epochs, self.records_per_epoch)
         self.epoch = -1
         self.tasks_done = 0
         self.tasks_failed = 0
@@ -156,14 +74,6 @@ class TaskManager:
         self.error = ""
         self._start_epoch(0)
 
-    @staticmethod
-    def _ranges(shards, records_per_task):
-        return [
-            (path, start, min(start + records_per_task, n))
-            for path, n in shards
-            for start in range(0, n, records_per_task)
-        ]
-
     def _new_task(self, type_, path, start, end, epoch, retries=0, origin=None, version=0):
         self._last_id += 1
         return Task(self._last_id, type_, path, start, end, epoch, version, retries,
@@ -171,7 +81,7 @@ class TaskManager:
 
     def _start_epoch(self, epoch):
         self.epoch = epoch
-        self._epoch_evaluated = False
+        self._rounds.epoch_evaluated = False
         order = list(self._train_ranges)
         self._rng.shuffle(order)
         self._todo = [self._new_task(TaskType.TRAINING, *r, epoch) for r in order]
@@ -187,38 +97,24 @@ class TaskManager:
     def _finished_locked(self):
         return bool(self.error) or (
             self.epoch >= self.num_epochs
-            and not self._todo and not self._eval_todo and not self._doing
+            and not self._todo and not self._rounds.waiting and not self._doing
         )
 
-    @property
-    def failed(self):
-        return bool(self.error)
+    failed = property(lambda self: bool(self.error))
 
     def epoch_counts(self):
         """Per epoch, how many records were trained at least once and more than once."""
         with self._lock:
-            result = []
-            for epoch, coverage in enumerate(self._coverage):
-                once, more = coverage.counts()
-                span = self._epoch_span.get(epoch, [None, None])
-                seconds = None if None in span else round(span[1] - span[0], 3)
-                result.append(EpochCounts(epoch, self.records_per_epoch, once, more, seconds,
-                                          self._lost[epoch]))
-            return result
+            return self._ledger.counts()
 
     def progress(self):
         """(epoch, records of that epoch done, records per epoch), for the progress line."""
         with self._lock:
             epoch = min(self.epoch, self.num_epochs - 1)
-            running = sum(
-                r.records_done for r in self._doing.values()
-                if r.task.type == TaskType.TRAINING and r.task.epoch == epoch
-            )
-            return epoch, self._epoch_done_records[epoch] + running, self.records_per_epoch
+            running = sum(r.records_done for r in self._doing.of_type() if r.task.epoch == epoch)
+            return epoch, self._ledger.done_records[epoch] + running, self.records_per_epoch
 
-    @property
-    def tasks_per_epoch(self):
-        return len(self._train_ranges)
+    tasks_per_epoch = property(lambda self: len(self._train_ranges))
 
     def records_done(self, task_id):
         """How far into running task `task_id` its worker has reported (0 if not running)."""
@@ -233,29 +129,23 @@ class TaskManager:
         number is 0 then: the running tasks are all that will push gradients until it ends.
         """
         with self._lock:
-            waiting = 0 if self._round is not None else len(self._todo)
+            waiting = 0 if self._rounds.open_round is not None else len(self._todo)
             return waiting, self._training_running_locked()
 
-    def training_running(self):
-        """How many training tasks are running."""
-        with self._lock:
-            return self._training_running_locked()
-
     def _training_running_locked(self):
-        return sum(r.task.type == TaskType.TRAINING for r in self._doing.values())
+        return len(self._doing.of_type())
 
     def _training_complete_locked(self):
         return not self._todo and not self._training_running_locked()
 
     def running_tasks(self):
         with self._lock:
-            return {task_id: (r.worker_id, r.started) for task_id, r in self._doing.items()}
+            return self._doing.held()
 
     def training_workers(self):
         """Ids of the workers running a training task now."""
         with self._lock:
-            return {r.worker_id for r in self._doing.values()
-                    if r.task.type == TaskType.TRAINING}
+            return {r.worker_id for r in self._doing.of_type()}
 
     # -- handing out -----------------------------------------------------------------------
 
@@ -264,17 +154,15 @@ class TaskManager:
         with self._lock:
             if self._finished_locked():
                 return None
-            if self._round is not None:
-                if self._training_running_locked() or not self._eval_todo:
-                    return None  # the round's barrier: no training, then all evaluation
-                task = self._eval_todo.pop(0)
+            if self._rounds.open_round is not None:
+                task = self._rounds.next_task(self._training_running_locked())
             elif self._todo:
                 task = self._todo.pop(0)
-                if task.epoch not in self._epoch_span:
-                    self._epoch_span[task.epoch] = [time.monotonic(), None]
+                self._ledger.began(task.epoch)
             else:
-                return None
-            self._doing[task.task_id] = _Running(task, worker_id, time.monotonic())
+                task = None
+            if task is not None:
+                self._doing.start(task, worker_id)
             return task
 
     def start_evaluation(self, model_version, end_of_epoch=True):
@@ -289,34 +177,18 @@ class TaskManager:
                 returned it), False for a round in the middle of an epoch.
 
         Returns:
-            False, queuing nothing, when there is no validation data, when the job is over,
-            when the epoch's end-of-epoch round has ended (`next_epoch()` is due), or, for a
-            mid-epoch round, when a round is already open. True otherwise; when
-            `end_of_epoch` and a round is already open, that round closes the epoch.
+            False, queuing nothing, with no validation data, once the job is over, once the
+            epoch's closing round has ended, or for a mid-epoch round while one is open.
+            True otherwise (a round already open then closes the epoch).
 
         Raises:
             ValueError: `end_of_epoch` is True while the epoch still has training to do.
         """
         with self._lock:
-            if (not self._eval_ranges or self._finished_locked()
-                    or self.epoch >= self.num_epochs or self._epoch_evaluated):
+            if self._finished_locked() or self.epoch >= self.num_epochs:
                 return False
-            if end_of_epoch and not self._training_complete_locked():
-                raise ValueError(
-                    f"end_of_epoch=True needs epoch {self.epoch}'s training to be complete; "
-                    f"Received: end_of_epoch=True with {len(self._todo)} training tasks "
-                    f"waiting and {self._training_running_locked()} running"
-                )
-            if self._round is not None:
-                if end_of_epoch:
-                    self._round = self._round._replace(end_of_epoch=True)
-                return end_of_epoch
-            self._round = EvalRound(self.epoch, model_version, end_of_epoch)
-            self._eval_todo = [
-                self._new_task(TaskType.EVALUATION, *r, self.epoch, version=model_version)
-                for r in self._eval_ranges
-            ]
-            return True
+            return self._rounds.start(self.epoch, model_version, end_of_epoch, self._new_task,
+                                      (len(self._todo), self._training_running_locked()))
 
     # -- reports ---------------------------------------------------------------------------
 
@@ -331,9 +203,7 @@ class TaskManager:
         task = running.task
         running.records_done = max(running.records_done, min(records_done, task.num_records))
         if task.type == TaskType.TRAINING:
-            self._coverage[task.epoch].add(
-                task.path, task.task_id, task.start, task.start + running.records_done
-            )
+            self._ledger.trained(task, running.records_done)
 
     def report_result(self, task_id, records_done, error="", abandoned=False):
         """Ends a task.
@@ -346,42 +216,40 @@ class TaskManager:
                 it is re-queued, counting neither a retry nor a failure.
 
         Returns:
-            (task, outcome): outcome is "done", "requeued" (the rest of its range, if any,
-            is back in the queue), "failed" (the job fails) or "ignored" (with task None:
-            a task that is not running, e.g. reported twice or already re-queued).
-
-        When the last training task of an epoch ends, the caller learns of it through
-        `epoch_finished()`.
+            `(task, TaskOutcome)`; task is None with IGNORED (a task that is not running).
         """
         with self._lock:
-            running = self._doing.pop(task_id, None)
+            running = self._doing.pop(task_id)
             if running is None:
-                return None, "ignored"
+                return None, TaskOutcome.IGNORED
             task = running.task
             succeeded = not error and not abandoned
             self._advance(running, task.num_records if succeeded else records_done)
             if abandoned:
                 self.tasks_handed_back += 1
                 self._requeue(running, retry=False)
-                return task, "requeued"
+                return task, TaskOutcome.REQUEUED
             if succeeded:
-                self.tasks_done += 1
-                if task.type == TaskType.TRAINING:
-                    self._epoch_done_records[task.epoch] += task.num_records
-                    if task.epoch == self.epoch and self._training_complete_locked():
-                        self._epoch_span[task.epoch][1] = time.monotonic()
-                took = time.monotonic() - running.started
-                self._slowest[task.type] = max(self._slowest.get(task.type, 0.0), took)
-                return task, "done"
+                self._finish(running)
+                return task, TaskOutcome.DONE
             self.tasks_failed += 1
             if task.retries >= self.max_task_retries:
                 self.error = (
                     f"{task.type.value} task on {task.path} records [{task.start}, {task.end}) "
                     f"failed {task.retries + 1} times; last error: {error}"
                 )
-                return task, "failed"
+                return task, TaskOutcome.FAILED
             self._requeue(running, retry=True)
-            return task, "requeued"
+            return task, TaskOutcome.REQUEUED
+
+    def _finish(self, running):
+        task = running.task
+        self.tasks_done += 1
+        if task.type == TaskType.TRAINING:
+            self._ledger.done_records[task.epoch] += task.num_records
+            if task.epoch == self.epoch and self._training_complete_locked():
+                self._ledger.ended(task.epoch)
+        self._doing.completed(running)
 
     def _requeue(self, running, retry):
         task = running.task
@@ -390,68 +258,44 @@ class TaskManager:
             resume = task.start  # its metric states come only with a successful result
         else:
             resume = task.start + running.records_done
-            self._epoch_done_records[task.epoch] += running.records_done
+            self._ledger.done_records[task.epoch] += running.records_done
         if resume >= task.end:
             self.tasks_done += 1
             return
         again = self._new_task(task.type, task.path, resume, task.end, task.epoch,
                                task.retries + int(retry), task.origin, task.model_version)
         again.takes_over = not retry
-        (self._todo if task.type == TaskType.TRAINING else self._eval_todo).insert(0, again)
+        queue = self._todo if task.type == TaskType.TRAINING else self._rounds.waiting
+        queue.insert(0, again)
 
     def recover_worker(self, worker_id):
-        """Re-queues every task held by `worker_id` (it is gone), counting no retry; returns
-        how many.
-
-        Each resumes after the last record its worker reported; what the worker trained
-        after that report is trained again, unseen (counted in `EpochCounts.tasks_lost`).
-        """
+        """Re-queues every task held by `worker_id` (it is gone), counting no retry, each from
+        the last record its worker reported (the rest is trained again, unseen: counted in
+        `EpochCounts.tasks_lost`); returns how many."""
         with self._lock:
-            lost = [r for r in self._doing.values() if r.worker_id == worker_id]
+            lost = self._doing.of_worker(worker_id)
             for running in lost:
-                del self._doing[running.task.task_id]
+                self._doing.pop(running.task.task_id)
                 self._lose(running)
             return len(lost)
 
     def _lose(self, running):
         if running.task.type == TaskType.TRAINING:
-            self._lost[running.task.epoch] += 1
+            self._ledger.lost[running.task.epoch] += 1
         self._requeue(running, retry=False)
 
     # -- timeouts --------------------------------------------------------------------------
 
     def overdue(self, floor_s, factor=3.0, now=None):
-        """Running tasks held too long: `[Overdue(task_id, worker_id, held_s)]`.
-
-        A task is overdue once it has run longer than `max(floor_s, factor * slowest)`,
-        where `slowest` is the longest any completed task of the same type (training or
-        evaluation) took, from hand-out to result; before one has completed, `floor_s`
-        alone. `floor_s <= 0` disables timeouts (returns []).
-
-        Args:
-            floor_s: the shortest time a task may run before it is overdue, in seconds.
-            factor: how many times the slowest completed task's time a task may take.
-            now: `time.monotonic()` to judge by (None: now).
-        """
-        if floor_s <= 0:
-            return []
-        now = time.monotonic() if now is None else now
+        """Running tasks held too long (see `RunningTasks.overdue`)."""
         with self._lock:
-            return [
-                Overdue(task_id, r.worker_id, now - r.started)
-                for task_id, r in self._doing.items()
-                if now - r.started > max(floor_s, factor * self._slowest.get(r.task.type, 0.0))
-            ]
+            return self._doing.overdue(floor_s, factor, now)
 
     def requeue_overdue(self, task_id):
-        """Re-queues running task `task_id` (see `overdue`) like a lost worker's, counting
-        no retry; returns the worker that held it, or None if it is no longer running.
-
-        The worker's later reports for it are ignored; records it trains after its last
-        report are trained again by the re-queued task.
-        """
+        """Re-queues running task `task_id` (see `overdue`) like a lost worker's (its later
+        reports are ignored); returns the worker that held it, or None if it is not running."""
         with self._lock:
-            running = self._doing.pop(task_id, None)
+            running = self._doing.pop(task_id)
             if running is None:
                 return None
             self.tasks_timed_out += 1
@@ -461,36 +305,21 @@ class TaskManager:
     # -- epochs and rounds -----------------------------------------------------------------
 
     def epoch_finished(self):
-        """The current epoch's number once its training is all done, else None.
-
-        The caller then starts an end-of-epoch evaluation round (or not) and calls
-        `next_epoch()`. None while an evaluation round is open (if the epoch's training
-        completes meanwhile, that round closes the epoch: see `evaluation_finished`) and
-        after the epoch's end-of-epoch round, until `next_epoch()`.
-        """
+        """The current epoch's number once its training is all done (the caller then starts
+        its closing evaluation round, or not, and calls `next_epoch()`); else None, also
+        while a round is open (it then closes the epoch) and after the closing round."""
         with self._lock:
-            if (self.error or self.epoch >= self.num_epochs or self._round is not None
-                    or self._epoch_evaluated):
+            if (self.error or self.epoch >= self.num_epochs
+                    or self._rounds.open_round is not None or self._rounds.epoch_evaluated):
                 return None
             return self.epoch if self._training_complete_locked() else None
 
     def evaluation_finished(self):
-        """The `EvalRound` that just ended (once), else None.
-
-        A round reports `end_of_epoch=True` when it was started so, or when the epoch's
-        training was complete by the time it ran (then it evaluated the end-of-epoch
-        model, and no second round is needed): the caller then calls `next_epoch()`.
-        """
+        """The `EvalRound` that just ended (once), else None; with `end_of_epoch` (see
+        `EvaluationRounds.finish`) the caller then calls `next_epoch()`."""
         with self._lock:
-            if self._round is None or self._eval_todo or any(
-                r.task.type == TaskType.EVALUATION for r in self._doing.values()
-            ):
-                return None
-            finished, self._round = self._round, None
-            if not finished.end_of_epoch and self._training_complete_locked():
-                finished = finished._replace(end_of_epoch=True)
-            self._epoch_evaluated = finished.end_of_epoch
-            return finished
+            evaluating = self._doing.of_type(TaskType.EVALUATION)
+            return self._rounds.finish(evaluating, self._training_complete_locked())
 
     def next_epoch(self):
         """Starts the next epoch's training, or ends the job after the last one."""
@@ -503,42 +332,21 @@ class TaskManager:
     # -- persistence -----------------------------------------------------------------------
 
     def state(self):
-        """A JSON-serialisable snapshot to carry on from after a restart (`from_state`).
-
-        Keys: "format" (1); what it was made with: "shards" `[[path, num_records]]`,
-        "records_per_task", "num_epochs"; "epoch" (num_epochs once the job is over);
-        "last_task_id" (a restored manager never reuses an id); "waiting" and "running":
-        the current epoch's training tasks as `[path, start, end, retries, origin]` and
-        `[path, start, end, records_done, retries, origin]`; "epoch_done_records" and
-        "coverage" (`Coverage.state()`) per epoch; "counters"; "slowest_task_s" per task
-        type; "error". Evaluation tasks are not kept: a round open now is not restored.
-        """
+        """A JSON-serialisable snapshot to carry on from after a restart (`from_state`;
+        the format is `task_state.QueueState`'s)."""
         with self._lock:
-            running = [r for r in self._doing.values() if r.task.type == TaskType.TRAINING]
-            return {
-                "format": STATE_FORMAT,
-                "shards": [[path, n] for path, n in self._shards],
-                "records_per_task": self.records_per_task,
-                "num_epochs": self.num_epochs,
-                "epoch": self.epoch,
-                "last_task_id": self._last_id,
-                "waiting": [[t.path, t.start, t.end, t.retries, list(t.origin)]
-                            for t in self._todo],
-                "running": [[r.task.path, r.task.start, r.task.end, r.records_done,
-                             r.task.retries, list(r.task.origin)] for r in running],
-                "epoch_done_records": list(self._epoch_done_records),
-                "coverage": [coverage.state() for coverage in self._coverage],
-                "lost_tasks": {str(epoch): n for epoch, n in self._lost.items()},
-                "counters": {
-                    "tasks_done": self.tasks_done,
-                    "tasks_failed": self.tasks_failed,
-                    "tasks_requeued": self.tasks_requeued,
-                    "tasks_handed_back": self.tasks_handed_back,
-                    "tasks_timed_out": self.tasks_timed_out,
-                },
-                "slowest_task_s": {type_.value: s for type_, s in self._slowest.items()},
-                "error": self.error,
-            }
+            running = self._doing.of_type()
+            return QueueState(
+                shards=self._shards, records_per_task=self.records_per_task,
+                num_epochs=self.num_epochs, epoch=self.epoch, last_task_id=self._last_id,
+                waiting=[(t.path, t.start, t.end, t.retries, t.origin) for t in self._todo],
+                running=[(r.task.path, r.task.start, r.task.end, r.records_done,
+                          r.task.retries, r.task.origin) for r in running],
+                epoch_done_records=self._ledger.done_records,
+                coverage=self._ledger.coverage, lost_tasks=dict(self._ledger.lost),
+                counters={name: getattr(self, name) for name in COUNTERS},
+                slowest_task_s=dict(self._doing.slowest), error=self.error,
+            ).to_json()
 
     @classmethod
     def from_state(cls, state, shards, records_per_task, num_epochs, max_task_retries,
@@ -554,66 +362,32 @@ class TaskManager:
             ValueError: the state is not a format-1 task manager state, or `shards`,
                 `records_per_task` or `num_epochs` differ from what it was made with.
         """
-        _check_state(state, shards, records_per_task, num_epochs)
+        saved = QueueState.from_json(state, shards, records_per_task, num_epochs)
         manager = cls(shards, records_per_task, num_epochs, max_task_retries, eval_shards,
                       seed)
-        try:
-            manager._restore(state)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"state is not a valid task manager state; Received: {type(exc).__name__}: "
-                f"{exc}"
-            ) from exc
+        manager._restore(saved)
         return manager
 
-    def _restore(self, state):
+    def _restore(self, saved):
         with self._lock:
-            epoch = int(state["epoch"])
-            self.epoch = epoch
-            self._epoch_span = {epoch: [None, None]}  # begun by an earlier run: not timed
-            self._last_id = max(self._last_id, int(state["last_task_id"]))
-            self._epoch_done_records = [int(n) for n in state["epoch_done_records"]]
-            self._coverage = [Coverage.from_state(c) for c in state["coverage"]]
-            self._lost = collections.Counter(
-                {int(epoch): int(n) for epoch, n in dict(state.get("lost_tasks", {})).items()})
-            counters = state["counters"]
-            for name in ("tasks_done", "tasks_failed", "tasks_requeued", "tasks_handed_back",
-                         "tasks_timed_out"):
-                setattr(self, name, int(counters[name]))
-            self._slowest = {TaskType(k): float(s) for k, s in state["slowest_task_s"].items()}
-            self.error = str(state["error"])
+            epoch = self.epoch = saved.epoch
+            self._ledger.restored(epoch, saved.epoch_done_records, saved.coverage,
+                                  saved.lost_tasks)
+            self._last_id = max(self._last_id, saved.last_task_id)
+            for name in COUNTERS:
+                setattr(self, name, saved.counters[name])
+            self._doing.slowest = dict(saved.slowest_task_s)
+            self.error = saved.error
             self._todo = [
                 self._new_task(TaskType.TRAINING, path, start, end, epoch, retries, origin)
-                for path, start, end, retries, origin in state["waiting"]
+                for path, start, end, retries, origin in saved.waiting
             ]
-            for path, start, end, records_done, retries, origin in state["running"]:
+            for path, start, end, records_done, retries, origin in saved.running:
                 task = self._new_task(TaskType.TRAINING, path, start, end, epoch, retries,
                                       origin)
-                self._requeue(_Running(task, -1, 0.0, int(records_done)), retry=False)
+                self._requeue(Running(task, -1, 0.0, records_done), retry=False)
 
 
-def _check_state(state, shards, records_per_task, num_epochs):
-    if not isinstance(state, dict):
-        raise ValueError(f"state must be a dict from TaskManager.state(); "
-                         f"Received: {type(state).__name__}")
-    if state.get("format") != STATE_FORMAT:
-        raise ValueError(f"state format must be {STATE_FORMAT}; "
-                         f"Received: format={state.get('format')!r}")
-    saved = {str(path): int(n) for path, n in state.get("shards", ())}
-    given = {str(path): int(n) for path, n in shards}
-    for path, n in saved.items():
-        if path not in given:
-            raise ValueError(f"shards must hold every file the state was made with; "
-                             f"{path!r} ({n} records) is missing. Received: "
-                             f"{len(given)} files: {sorted(given)}")
-        if given[path] != n:
-            raise ValueError(f"shards must match the state: {path!r} had {n} records. "
-                             f"Received: {given[path]} records for {path!r}")
-    for path in given:
-        if path not in saved:
-            raise ValueError(f"shards must hold only files the state was made with; "
-                             f"Received: {path!r}, not in the state's {sorted(saved)}")
-    for name, value in (("records_per_task", records_per_task), ("num_epochs", num_epochs)):
-        if state.get(name) != value:
-            raise ValueError(f"{name} must match the state's {state.get(name)!r}; "
-                             f"Received: {name}={value!r}")
+def _ranges(shards, records_per_task):
+    return [(path, start, end) for path, n in shards
+            for start, end in split_range(n, records_per_task)]

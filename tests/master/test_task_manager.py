@@ -3,8 +3,9 @@ import threading
 import pytest
 
 from elastic_keras.master.coverage import Coverage
-from elastic_keras.master import task_manager
-from elastic_keras.master.task_manager import TaskManager, TaskType
+from elastic_keras.master import epoch_ledger
+from elastic_keras.master.task_manager import TaskManager
+from elastic_keras.master.tasks import TaskType
 
 
 def make(num_epochs=2, retries=2, shards=(("a", 10), ("b", 5)), eval_shards=(), per_task=4):
@@ -167,7 +168,7 @@ def test_coverage_counts(ranges, expected):
 
 def test_each_epoch_counts_its_training_seconds(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(task_manager.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(epoch_ledger.time, "monotonic", lambda: now[0])
     manager = TaskManager([("a", 20)], records_per_task=10, num_epochs=2, max_task_retries=0)
     for start, first_done, last_done in ((10.0, 12.0, 13.25), (20.0, 21.0, 23.0)):
         now[0] = start

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from elastic_keras.master import task_manager as task_manager_module
+from elastic_keras.master import running_tasks
 from elastic_keras.master.coverage import Coverage
-from elastic_keras.master.task_manager import EvalRound, TaskManager, TaskType
+from elastic_keras.master.task_manager import TaskManager
+from elastic_keras.master.tasks import EvalRound, TaskType
 
 
 def make(num_epochs=1, retries=2, shards=(("a", 8),), eval_shards=(), per_task=4):
@@ -39,7 +40,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(task_manager_module, "time", clock)
+    monkeypatch.setattr(running_tasks, "time", clock)
     return clock
 
 
