@@ -18,6 +18,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_keras.layers.id_tensors import (
+    check_id_range, check_table_rows, gather_rows, padding, segments,
+)
 from elastic_keras.layers.lookup_context import lookup_unique
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -141,17 +144,17 @@ class Embedding(keras.layers.Layer):
 
     def _combine(self, inputs):
         """Combines the vectors of the ids along the last axis of the ids."""
-        values, segments, num_segments, finish = _segments(inputs)
+        values, segment_ids, num_segments, finish = segments(inputs)
         if self.mask_zero:
-            keep = tf.not_equal(values, _padding(values.dtype))
+            keep = tf.not_equal(values, padding(values.dtype))
             values = tf.boolean_mask(values, keep)
-            segments = tf.boolean_mask(segments, keep)
+            segment_ids = tf.boolean_mask(segment_ids, keep)
         rows, index = self._rows(self._to_ids(values))
         vectors = tf.gather(rows, index)
-        combined = tf.math.unsorted_segment_sum(vectors, segments, num_segments)
+        combined = tf.math.unsorted_segment_sum(vectors, segment_ids, num_segments)
         if self.combiner != "sum":
             counts = tf.math.unsorted_segment_sum(
-                tf.ones_like(segments, dtype=combined.dtype), segments, num_segments)
+                tf.ones_like(segment_ids, dtype=combined.dtype), segment_ids, num_segments)
             if self.combiner == "sqrtn":
                 counts = tf.sqrt(counts)
             combined = tf.math.divide_no_nan(combined, counts[:, tf.newaxis])
@@ -194,7 +197,7 @@ class Embedding(keras.layers.Layer):
             return None
         if isinstance(inputs, keras.KerasTensor):  # building a functional model
             return keras.ops.not_equal(inputs, "" if inputs.dtype == "string" else 0)
-        return tf.not_equal(inputs, _padding(inputs.dtype))
+        return tf.not_equal(inputs, padding(inputs.dtype))
 
     def compute_output_shape(self, input_shape):
         input_shape = tuple(input_shape)
@@ -292,120 +295,6 @@ class Embedding(keras.layers.Layer):
         return config
 
 
-def check_id_range(ids, input_dim, layer_name):
-    """`ids` (int64), checked in the graph to lie in `[0, input_dim)` unless it is None."""
-    if input_dim is None:
-        return ids
-    checks = [
-        tf.debugging.assert_non_negative(
-            ids, message=f"Embedding {layer_name!r}: ids must be >= 0"),
-        tf.debugging.assert_less(
-            ids, tf.constant(input_dim, tf.int64),
-            message=f"Embedding {layer_name!r}: ids must be < input_dim={input_dim}"),
-    ]
-    with tf.control_dependencies(checks):
-        return tf.identity(ids)
-
-
-def gather_rows(rows, index, ids, dim):
-    """`rows[index]` in the shape of `ids` plus a last axis of `dim`."""
-    vectors = tf.reshape(tf.gather(rows, index), tf.concat([tf.shape(ids), [dim]], 0))
-    vectors.set_shape(ids.shape.concatenate([dim]))
-    return vectors
-
-
-def _padding(dtype):
-    """The padding id of `mask_zero` for raw ids of `dtype`: 0, or "" for strings."""
-    dtype = tf.as_dtype(dtype)
-    return tf.constant("" if dtype == tf.string else 0, dtype)
-
-
 def _check_positive_int(name, value):
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-
-
-def check_table_rows(what, ids, rows, default_row, dim, input_dim, dtype):
-    """`load_table`'s arguments as arrays, or a ValueError naming what is wrong.
-
-    `what` names the layer in messages; `input_dim` None means unbounded.
-    """
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or not (ids.dtype.kind in "iu" or ids.size == 0):
-        raise ValueError(
-            f"{what}: `ids` must be a 1-D integer array. "
-            f"Received: shape={ids.shape}, dtype={ids.dtype}")
-    ids = ids.astype(np.int64)
-    rows = np.asarray(rows, dtype=dtype)
-    if rows.shape != (ids.size, dim):
-        raise ValueError(
-            f"{what}: `rows` must have shape [len(ids), output_dim] = [{ids.size}, {dim}]. "
-            f"Received: shape={rows.shape}")
-    if np.unique(ids).size != ids.size:
-        raise ValueError(f"{what}: `ids` must be distinct. Received {ids.size} ids with repeats")
-    if input_dim is not None and ids.size and (ids.min() < 0 or ids.max() >= input_dim):
-        raise ValueError(
-            f"{what}: `ids` must lie in [0, input_dim={input_dim}). "
-            f"Received: min={ids.min()}, max={ids.max()}")
-    if default_row is None:
-        default_row = np.zeros(dim, dtype)
-    default_row = np.asarray(default_row, dtype=dtype)
-    if default_row.shape != (dim,):
-        raise ValueError(
-            f"{what}: `default_row` must have shape [{dim}]. Received: shape={default_row.shape}")
-    return ids, rows, default_row
-
-
-def _segments(inputs):
-    """Flat raw ids, their segment (output row), the number of segments, and a function
-    reshaping `[num_segments, dim]` combined vectors to the output's shape."""
-    if isinstance(inputs, tf.RaggedTensor):
-        if inputs.flat_values.shape.rank != 1:
-            raise ValueError(
-                "Ragged ids must be ragged in their last axis. "
-                f"Received: shape={inputs.shape}")
-        partitions = inputs.nested_row_splits
-        segments = inputs.nested_value_rowids()[-1]
-        num_segments = tf.shape(partitions[-1], out_type=tf.int64)[0] - 1
-
-        def finish(combined):
-            if len(partitions) == 1:
-                return combined
-            return tf.RaggedTensor.from_nested_row_splits(combined, partitions[:-1])
-
-        return inputs.flat_values, segments, num_segments, finish
-
-    if isinstance(inputs, tf.SparseTensor):
-        dense_shape = inputs.dense_shape
-        rank = inputs.shape.rank
-        if rank == 1:
-            return inputs.values, inputs.indices[:, 0], dense_shape[0], lambda c: c
-        outer_shape = dense_shape[:-1]
-        # Row-major position of each entry's outer index.
-        strides = tf.math.cumprod(outer_shape, exclusive=True, reverse=True)
-        segments = tf.reduce_sum(inputs.indices[:, :-1] * strides, axis=1)
-        num_segments = tf.reduce_prod(outer_shape)
-
-        def finish(combined):
-            combined = tf.reshape(combined, tf.concat([outer_shape, [-1]], 0))
-            combined.set_shape([None] * (rank - 1) + [combined.shape[-1]])
-            return combined
-
-        return inputs.values, segments, num_segments, finish
-
-    inputs = tf.convert_to_tensor(inputs)
-    if inputs.shape.rank == 1:
-        size = tf.shape(inputs, out_type=tf.int64)[0]
-        return inputs, tf.range(size), size, lambda c: c
-    outer_shape = tf.shape(inputs, out_type=tf.int64)[:-1]
-    width = tf.shape(inputs, out_type=tf.int64)[-1]
-    num_segments = tf.reduce_prod(outer_shape)
-    segments = tf.range(num_segments * width) // width
-    static_outer = inputs.shape[:-1]
-
-    def finish(combined):
-        combined = tf.reshape(combined, tf.concat([outer_shape, [-1]], 0))
-        combined.set_shape(static_outer.concatenate([combined.shape[-1]]))
-        return combined
-
-    return tf.reshape(inputs, [-1]), segments, num_segments, finish

@@ -32,12 +32,8 @@ import tensorflow as tf
 
 from elastic_keras.common.config import EMBEDDING_THRESHOLD_PARAMS
 from elastic_keras.common.errors import ModelSpecError
-from elastic_keras.layers.embedding import (
-    Embedding,
-    check_id_range,
-    check_table_rows,
-    gather_rows,
-)
+from elastic_keras.layers.embedding import Embedding
+from elastic_keras.layers.id_tensors import check_id_range, check_table_rows, gather_rows
 from elastic_keras.layers.lookup_context import current_context, lookup_unique
 
 DEFAULT_THRESHOLD_PARAMS = EMBEDDING_THRESHOLD_PARAMS  # what a job uses by default
