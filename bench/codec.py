@@ -25,7 +25,9 @@ import numpy as np
 import snappy
 
 from bench.common import emit, peak_rss_mb
-from elastic_keras.common.transfer import chunking, compression, tensor_codec, transfer_dtype
+from elastic_keras.common.transfer import (
+    chunking, compression, joining, tensor_codec, transfer_dtype,
+)
 from elastic_keras.proto import tensor_pb2
 
 CHUNK = chunking.DEFAULT_CHUNK_BYTES
@@ -83,7 +85,7 @@ def _codec_rows(config, codec, raw, repeats):
 def _stream_rows(config, codec, wire, repeats):
     def round_trip():
         sent = [chunking.encode_frame(f) for f in chunking.split_tensors([wire], codec)]
-        joined = chunking.join_tensors(chunking.decode_frame(raw) for raw in sent)
+        joined = joining.join_tensors(chunking.decode_frame(raw) for raw in sent)
         return sent, joined
 
     stream_s, (sent, (joined,)) = best_time(round_trip, repeats)

@@ -34,7 +34,6 @@ from elastic_keras.common.errors import CheckpointError
 from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
-from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
@@ -81,7 +80,7 @@ def run(config, stop):
     parameters = Parameters(policy, config.min_version)
     if config.restore_from and not _restore(config, parameters):
         return RoleExitCode.BAD_INPUT
-    transfer = TransferOptions.of(config)
+    transfer = config.transfer
     servicer = PServerServicer(parameters, transfer, config.ps_id)
     server, port = rpc.create_server(
         [lambda s: add_to_server(servicer, s)],

@@ -23,7 +23,6 @@ from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.common.ps_client import PSClient
-from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.worker.task_loop import TaskLoop
 from elastic_keras.worker.trainer import Trainer
 
@@ -127,7 +126,7 @@ def main(argv=None):
         if addresses is None:
             logger.info("Worker %d told to stop before it started", config.worker_id)
             return 0
-        ps_client = PSClient(addresses, transfer=TransferOptions.of(config))
+        ps_client = PSClient(addresses, transfer=config.transfer)
         logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
                     config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,

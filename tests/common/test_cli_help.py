@@ -15,8 +15,9 @@ def test_every_command_has_help(command, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     if command == "train":
-        for field in dataclasses.fields(config_lib.JobConfig):
-            assert "--" + field.name.replace("_", "-") in out
+        assert "--compression" in _flag_names(config_lib.JobConfig)
+        for name in _flag_names(config_lib.JobConfig):
+            assert name in out
         assert "10% or more" in out
 
 
@@ -26,5 +27,16 @@ def test_every_role_has_help(cls, capsys):
         config_lib.parse_argv(cls, ["--help"], prog="role")
     assert exit_.value.code == 0
     out = capsys.readouterr().out
+    for name in _flag_names(cls):
+        assert name in out
+
+
+def _flag_names(cls):
+    """The flags of a config class: its fields', a nested config's fields in its place."""
+    names = []
     for field in dataclasses.fields(cls):
-        assert "--" + field.name.replace("_", "-") in out
+        if dataclasses.is_dataclass(field.type):
+            names += _flag_names(field.type)
+        else:
+            names.append("--" + field.name.replace("_", "-"))
+    return names

@@ -1,8 +1,5 @@
-"""Tests of loading and checking model-zoo modules (elastic_keras.common.model_spec)."""
-
-import sys
-import textwrap
-from pathlib import Path
+"""Tests of checking model-zoo modules against the contract (elastic_keras.common.model_spec);
+importing them is tested in test_module_loader."""
 
 import keras
 import pytest
@@ -14,67 +11,9 @@ from elastic_keras.common.model_spec import (
     check_model_spec,
     load_model_spec,
 )
+from tests.common.model_files import REPO, module_source, unique, write, write_module
 
-REPO = Path(__file__).resolve().parents[2]
-
-# A complete, valid module; tests drop or replace single definitions of it.
-PARTS = {
-    "imports": "import keras\n",
-    "custom_model": (
-        "def custom_model():\n"
-        "    inputs = keras.Input(shape=(3,))\n"
-        "    return keras.Model(inputs, keras.layers.Dense(2)(inputs))\n"
-    ),
-    "loss": "def loss(labels, predictions):\n    return 0.0\n",
-    "optimizer": "def optimizer():\n    return keras.optimizers.SGD(0.1)\n",
-    "dataset_fn": "def dataset_fn(dataset, mode, metadata):\n    return dataset\n",
-}
-OPTIONAL_PARTS = {
-    "eval_metrics_fn": (
-        "def eval_metrics_fn():\n"
-        "    return {'accuracy': keras.metrics.SparseCategoricalAccuracy()}\n"
-    ),
-    "callbacks": "def callbacks():\n    return []\n",
-    "PredictionOutputsProcessor": (
-        "class PredictionOutputsProcessor:\n"
-        "    def process(self, predictions, worker_id):\n"
-        "        return predictions\n"
-    ),
-}
-
-_counter = iter(range(10**6))
-
-
-def unique(prefix):
-    """A module name no other test uses, so `sys.modules` never hands back another's."""
-    return f"{prefix}_{next(_counter)}"
-
-
-def module_source(drop=(), optional=False, **replace):
-    parts = dict(PARTS, **(OPTIONAL_PARTS if optional else {}))
-    for name in drop:
-        del parts[name]
-    parts.update(replace)
-    return "\n".join(textwrap.dedent(text) for text in parts.values())
-
-
-def write(path, text):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-def write_module(zoo, name=None, **kwargs):
-    name = name or unique("model")
-    write(zoo / f"{name}.py", module_source(**kwargs))
-    return name
-
-
-@pytest.fixture(autouse=True)
-def restore_sys_path():
-    saved = list(sys.path)
-    yield
-    sys.path[:] = saved
+pytestmark = pytest.mark.usefixtures("restore_sys_path")
 
 
 # --- Mode ---------------------------------------------------------------------------------
@@ -88,7 +27,7 @@ def test_mode_equals_the_plain_strings():
     assert f"{Mode.TRAINING}" == "training" and str(Mode.EVALUATION) == "evaluation"
 
 
-# --- The forms of --model-def ---------------------------------------------------------------
+# --- What a loaded module's spec holds -------------------------------------------------------
 
 
 def test_loads_a_top_level_module(tmp_path):
@@ -115,28 +54,6 @@ def test_optional_names_are_none_when_absent(tmp_path):
     spec.check()
 
 
-def test_model_zoo_goes_first_on_sys_path(tmp_path):
-    load_model_spec(str(tmp_path), write_module(tmp_path))
-    assert sys.path[0] == str(tmp_path.resolve())
-
-
-def test_loads_a_package_module_with_relative_and_sibling_imports(tmp_path):
-    pkg = unique("pkg")
-    helpers = unique("helpers")
-    write(tmp_path / pkg / "__init__.py", "")
-    write(tmp_path / pkg / "shared.py", PARTS["loss"])
-    write(tmp_path / f"{helpers}.py", PARTS["optimizer"].replace("keras.", "__import__('keras')."))
-    write(
-        tmp_path / pkg / "model.py",
-        module_source(drop=("loss", "optimizer"))
-        + f"from .shared import loss\nfrom {helpers} import optimizer\n",
-    )
-    spec = load_model_spec(str(tmp_path), f"{pkg}.model")
-    assert spec.module_name == f"{pkg}.model"
-    assert spec.loss.__module__ == f"{pkg}.shared"
-    spec.check()
-
-
 def test_a_last_part_naming_a_function_is_the_model_function(tmp_path):
     pkg = unique("pkg")
     write(tmp_path / pkg / "__init__.py", "")
@@ -153,19 +70,6 @@ def test_a_last_part_naming_a_function_is_the_model_function(tmp_path):
     spec.check()
 
 
-def test_a_model_function_of_a_top_level_module(tmp_path):
-    name = write_module(tmp_path)
-    spec = load_model_spec(str(tmp_path), f"{name}.custom_model")
-    assert spec.module_name == name
-    assert spec.custom_model.__name__ == "custom_model"
-
-
-def test_a_last_part_that_is_neither_module_nor_attribute(tmp_path):
-    name = write_module(tmp_path)
-    with pytest.raises(ModelSpecError, match=rf"'{name}.no_such_fn'.*no attribute `no_such_fn`"):
-        load_model_spec(str(tmp_path), f"{name}.no_such_fn")
-
-
 def test_a_named_model_function_that_is_not_callable(tmp_path):
     name = write_module(tmp_path, extra="my_model = 3\n")
     with pytest.raises(ModelSpecError) as info:
@@ -173,58 +77,6 @@ def test_a_named_model_function_that_is_not_callable(tmp_path):
     assert f"'{name}'" in str(info.value)
     assert "callable `my_model()`" in str(info.value)
     assert str(info.value).endswith("Received: my_model = 3 (int)")
-
-
-def test_loads_a_py_file_by_path_with_sibling_imports(tmp_path):
-    helpers = unique("helpers")
-    write(tmp_path / "elsewhere" / f"{helpers}.py", PARTS["loss"])
-    path = write(
-        tmp_path / "elsewhere" / "my model.py",
-        module_source(drop=("loss",)) + f"from {helpers} import loss\n",
-    )
-    spec = load_model_spec(str(tmp_path / "no-such-zoo"), str(path))
-    assert spec.module_name == str(path.resolve())
-    assert spec.loss.__module__ == helpers
-    spec.check()
-
-
-def test_a_relative_py_path_is_relative_to_the_model_zoo(tmp_path):
-    write(tmp_path / "zoo" / "sub" / "m.py", module_source())
-    spec = load_model_spec(str(tmp_path / "zoo"), "sub/m.py")
-    assert spec.module_name == str((tmp_path / "zoo" / "sub" / "m.py").resolve())
-
-
-def test_a_py_file_inside_a_package_may_use_relative_imports(tmp_path):
-    pkg = unique("pkg")
-    write(tmp_path / pkg / "__init__.py", "")
-    write(tmp_path / pkg / "shared.py", PARTS["loss"])
-    path = write(
-        tmp_path / pkg / "model.py",
-        module_source(drop=("loss",)) + "from .shared import loss\n",
-    )
-    spec = load_model_spec(".", str(path))
-    assert spec.loss.__module__ == f"{pkg}.shared"
-
-
-def test_a_py_file_in_a_package_that_has_no_dotted_name_loads_alone(tmp_path):
-    write(tmp_path / "my-models" / "__init__.py", "")
-    path = write(tmp_path / "my-models" / "model.py", module_source())
-    spec = load_model_spec(".", str(path))
-    assert spec.module_name == str(path.resolve())
-
-
-def test_a_missing_py_file(tmp_path):
-    with pytest.raises(ModelSpecError, match=r"existing \.py file.*Received: model_def='gone\.py'"):
-        load_model_spec(str(tmp_path), "gone.py")
-
-
-def test_a_second_zoo_with_the_same_module_name_wins(tmp_path):
-    name = unique("model")
-    write(tmp_path / "a" / f"{name}.py", module_source())
-    write(tmp_path / "b" / f"{name}.py", module_source(extra="MARK = 'b'\n"))
-    load_model_spec(str(tmp_path / "a"), name)
-    load_model_spec(str(tmp_path / "b"), name)
-    assert sys.modules[name].MARK == "b"
 
 
 def test_loads_the_example_zoo_both_ways():
@@ -378,66 +230,6 @@ def test_check_rejects_bad_metrics_and_callbacks(tmp_path):
     module = write_module(tmp_path, extra="def callbacks():\n    return 7\n")
     with pytest.raises(ModelSpecError, match=r"`callbacks\(\)` must return a list.*7 \(int\)"):
         load_model_spec(str(tmp_path), module).check()
-
-
-# --- Modules that are not there or do not import ---------------------------------------------
-
-
-def test_a_module_that_fails_to_import(tmp_path):
-    module = write_module(tmp_path, extra="undefined_name + 1\n")
-    with pytest.raises(ModelSpecError) as info:
-        load_model_spec(str(tmp_path), module)
-    message = str(info.value)
-    assert f"Model module '{module}' must import without error" in message
-    assert message.endswith("Received: NameError: name 'undefined_name' is not defined")
-    assert isinstance(info.value.__cause__, NameError)
-    assert module not in sys.modules
-
-
-def test_a_module_whose_dependency_is_missing(tmp_path):
-    module = write_module(tmp_path, extra="import no_such_dependency_xyz\n")
-    with pytest.raises(ModelSpecError, match=r"must import without error.*no_such_dependency_xyz"):
-        load_model_spec(str(tmp_path), module)
-
-
-def test_a_py_file_that_fails_to_import(tmp_path):
-    path = write(tmp_path / "broken.py", "raise ValueError('bad module')\n")
-    with pytest.raises(ModelSpecError, match=r"Received: ValueError: bad module$") as info:
-        load_model_spec(".", str(path))
-    assert isinstance(info.value.__cause__, ValueError)
-
-
-def test_a_model_zoo_that_does_not_exist(tmp_path):
-    missing = tmp_path / "no_such_zoo"
-    with pytest.raises(ModelSpecError) as info:
-        load_model_spec(str(missing), "mnist.mnist_functional")
-    message = str(info.value)
-    assert "--model-def 'mnist.mnist_functional'" in message
-    assert f"Received: model_zoo='{missing}'" in message
-
-
-@pytest.mark.parametrize("model_def", ["no_such_module", "no_such_pkg.module.fn"])
-def test_a_module_not_found_under_the_model_zoo(tmp_path, model_def):
-    with pytest.raises(ModelSpecError) as info:
-        load_model_spec(str(tmp_path), model_def)
-    message = str(info.value)
-    assert f"--model-def '{model_def}'" in message
-    assert str(tmp_path.resolve()) in message
-
-
-def test_a_submodule_not_found_in_an_existing_package(tmp_path):
-    pkg = unique("pkg")
-    write(tmp_path / pkg / "__init__.py", "")
-    with pytest.raises(ModelSpecError) as info:
-        load_model_spec(str(tmp_path), f"{pkg}.missing.fn")
-    assert f"--model-def '{pkg}.missing.fn' must name a module under" in str(info.value)
-    assert f"module '{pkg}.missing' not found" in str(info.value)
-
-
-@pytest.mark.parametrize("model_def", ["", "  ", "mnist..x", "1abc", "a-b"])
-def test_a_malformed_model_def(tmp_path, model_def):
-    with pytest.raises(ModelSpecError, match="--model-def must"):
-        load_model_spec(str(tmp_path), model_def)
 
 
 def test_check_refuses_a_loss_scale_optimizer_by_name(tmp_path):

@@ -7,7 +7,7 @@ could get wrong and raises `PayloadError` before any value is used.
 
 `encode` builds a `Tensor` message. `wire_tensor` gives the same fields as a `WireTensor`
 whose bytes are views of the arrays, without copying them: what a chunked stream sends
-(`chunking.split_tensors`) and gives back (`chunking.TensorJoiner`), since
+(`chunking.split_tensors`) and gives back (`joining.TensorJoiner`), since
 every write or read of a message's bytes field copies the bytes. `decode` reads either.
 
 Example:

@@ -30,14 +30,18 @@ Example:
 
 import dataclasses
 
-from elastic_keras.common.transfer import chunking, compression, tensor_codec, transfer_dtype
 from elastic_keras.common.errors import ConfigError, PayloadError
+from elastic_keras.common.flags import flag
+from elastic_keras.common.transfer import (
+    chunking, compression, joining, tensor_codec, transfer_dtype,
+)
 from elastic_keras.proto import pserver_pb2
 
 # The service whose streamed RPCs carry these frames (serve it with `rpc.add_servicer`).
 PSERVER = pserver_pb2.DESCRIPTOR.services_by_name["PServer"]
 FULL_PRECISION = "float32"
 TRANSFER_DTYPE_NAMES = (FULL_PRECISION, *transfer_dtype.TRANSFER_DTYPES)
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 10, 256 << 20
 _REDUCED = frozenset(transfer_dtype.TRANSFER_DTYPES.values())
 
 
@@ -45,36 +49,57 @@ _REDUCED = frozenset(transfer_dtype.TRANSFER_DTYPES.values())
 class TransferOptions:
     """How one side sends tensors: `--compression`, `--chunk-bytes`, `--transfer-dtype`.
 
+    The one declaration of these settings: the job's and the roles' configs hold one as
+    their `transfer` field, and each field here is a flag of theirs, with its help (see
+    `config`).
+
     Args:
         compression: a name in `compression.CODEC_NAMES`; "auto" compresses (with snappy)
             only the chunks that shrink.
-        chunk_bytes: the most raw bytes of one tensor field in one chunk.
+        chunk_bytes: the most raw bytes of one tensor field in one chunk, from
+            `MIN_CHUNK_BYTES` to `MAX_CHUNK_BYTES`.
         transfer_dtype: "float32" (send floats as they are), "float16" or "bfloat16".
 
     Raises:
-        ConfigError: a value outside those.
+        ConfigError: a value outside those, naming its flag, the rule and the value.
+
+    Example:
+
+        >>> TransferOptions(chunk_bytes=100)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        ConfigError: --chunk-bytes must be an integer from 1024 to 268435456. Received: 100
     """
 
-    compression: str = "auto"
-    chunk_bytes: int = chunking.DEFAULT_CHUNK_BYTES
-    transfer_dtype: str = FULL_PRECISION
+    compression: str = flag(
+        "auto", help="How gradients and pulled parameters are compressed, chunk by chunk: "
+        "none, snappy, lz4, or auto (snappy, keeping only chunks it shrinks by 10% or more)."
+    )
+    chunk_bytes: int = flag(
+        chunking.DEFAULT_CHUNK_BYTES, help="Pushes and pulls larger than this many bytes are "
+        "split into chunks of at most this size, each compressed and checksummed on its own, "
+        "and streamed."
+    )
+    transfer_dtype: str = flag(
+        FULL_PRECISION, help="Precision of gradients, pulled parameters and embedding rows on "
+        "the wire: float32 (as they are), float16 or bfloat16. The parameter servers keep "
+        "float32."
+    )
 
     def __post_init__(self):
-        compression.get_codec(self.compression)
-        if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
-            raise ConfigError(
-                f"chunk_bytes must be an integer >= 1. Received: {self.chunk_bytes!r}"
-            )
+        if self.compression not in compression.CODEC_NAMES:
+            raise ConfigError(f"--compression must be one of "
+                              f"{', '.join(compression.CODEC_NAMES)}. "
+                              f"Received: {self.compression!r}")
+        size = self.chunk_bytes
+        if (not isinstance(size, int) or isinstance(size, bool)
+                or not MIN_CHUNK_BYTES <= size <= MAX_CHUNK_BYTES):
+            raise ConfigError(f"--chunk-bytes must be an integer from {MIN_CHUNK_BYTES} to "
+                              f"{MAX_CHUNK_BYTES}. Received: {size!r}")
         if self.transfer_dtype not in TRANSFER_DTYPE_NAMES:
             raise ConfigError(
-                f"transfer_dtype must be one of {', '.join(TRANSFER_DTYPE_NAMES)}. "
+                f"--transfer-dtype must be one of {', '.join(TRANSFER_DTYPE_NAMES)}. "
                 f"Received: {self.transfer_dtype!r}"
             )
-
-    @classmethod
-    def of(cls, config):
-        """The options of a role config (`PSConfig`, `WorkerConfig`) or a `JobConfig`."""
-        return cls(config.compression, config.chunk_bytes, config.transfer_dtype)
 
     def __str__(self):
         return (f"compression {self.compression}, {self.chunk_bytes}-byte chunks, "
@@ -158,7 +183,7 @@ def read_push(frames):
             a malformed frame, or a corrupt, missing, duplicated or reordered chunk (see
             `chunking`).
     """
-    joiner = chunking.TensorJoiner()
+    joiner = joining.TensorJoiner()
     header = None
     for index, raw in enumerate(frames):
         frame = chunking.decode_frame(raw, pserver_pb2.PushGradientsPart)
@@ -198,7 +223,7 @@ def read_pull(frames):
         PayloadError: an empty stream, a malformed frame, or a corrupt, missing or reordered
             chunk.
     """
-    joiner = chunking.TensorJoiner()
+    joiner = joining.TensorJoiner()
     first = None
     for raw in frames:
         frame = chunking.decode_frame(raw, pserver_pb2.PullDensePart)
@@ -227,6 +252,6 @@ def read_embedding_frame(raw):
         PayloadError: a malformed frame, or a corrupt, missing or reordered chunk.
     """
     frame = chunking.decode_frame(raw, pserver_pb2.PullEmbeddingResponse)
-    joiner = chunking.TensorJoiner()
+    joiner = joining.TensorJoiner()
     joiner.add(frame)
     return frame.message.model_version, joiner.finish()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_keras.common.transfer import chunking, tensor_codec, tensor_stream
+from elastic_keras.common.transfer import chunking, joining, tensor_codec, tensor_stream
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.proto import pserver_pb2
@@ -28,13 +28,31 @@ def _pairs():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(compression="zstd"), "compression must be one of none, snappy, lz4, auto"),
-    (dict(chunk_bytes=0), "chunk_bytes must be an integer >= 1. Received: 0"),
-    (dict(transfer_dtype="int8"), "transfer_dtype must be one of float32, float16, bfloat16"),
+    (dict(compression="zstd"),
+     "--compression must be one of none, snappy, lz4, auto. Received: 'zstd'"),
+    (dict(compression=None), "--compression must be one of .*Received: None"),
+    (dict(chunk_bytes=0), "--chunk-bytes must be an integer from 1024 to 268435456. Received: 0"),
+    (dict(chunk_bytes=1023), "--chunk-bytes must be an integer .*Received: 1023"),
+    (dict(chunk_bytes=(256 << 20) + 1), "--chunk-bytes must be .*Received: 268435457"),
+    (dict(chunk_bytes=4096.0), "--chunk-bytes must be an integer .*Received: 4096.0"),
+    (dict(chunk_bytes=True), "--chunk-bytes must be an integer .*Received: True"),
+    (dict(transfer_dtype="int8"),
+     "--transfer-dtype must be one of float32, float16, bfloat16. Received: 'int8'"),
 ])
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         TransferOptions(**kwargs)
+
+
+@pytest.mark.parametrize("chunk_bytes", [tensor_stream.MIN_CHUNK_BYTES,
+                                         tensor_stream.MAX_CHUNK_BYTES])
+def test_chunk_bytes_bounds_are_allowed(chunk_bytes):
+    assert TransferOptions(chunk_bytes=chunk_bytes).chunk_bytes == chunk_bytes
+
+
+def test_options_are_frozen():
+    with pytest.raises(Exception):
+        TransferOptions().compression = "lz4"
 
 
 def test_options_describe_themselves():
@@ -93,7 +111,7 @@ def test_wire_tensors_view_the_arrays_and_make_equal_messages():
 def test_the_joiner_gives_wire_tensors_over_buffers(codec):
     pairs = _pairs()
     wire = TransferOptions().encode(pairs)
-    joiner = chunking.TensorJoiner()
+    joiner = joining.TensorJoiner()
     for frame in chunking.split_tensors(wire, codec, chunk_bytes=1024):
         joiner.add(chunking.decode_frame(chunking.encode_frame(frame)))
     joined = joiner.finish()

@@ -7,7 +7,9 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from elastic_keras.common import rpc
-from elastic_keras.common.transfer import chunking, compression, tensor_codec, transfer_dtype
+from elastic_keras.common.transfer import (
+    chunking, compression, joining, tensor_codec, transfer_dtype,
+)
 from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.proto import tensor_pb2, transfer_pb2
 
@@ -191,7 +193,7 @@ def test_round_trip(codec, dtype, sparse, size):
     assert len(chunks) == -(-content_size // CHUNK) + -(-ids_size // CHUNK)
     assert all(c.raw_size <= CHUNK and c.size <= c.raw_size for c in chunks)
     assert {c.codec for c in chunks} <= set(compression.WIRE_CODECS)
-    (joined,) = chunking.join_tensors(_sent(frames))
+    (joined,) = joining.join_tensors(_sent(frames))
     _same([joined], [wire])
     decoded = tensor_codec.decode(joined)
     expected = tensor_codec.decode(wire)
@@ -223,12 +225,12 @@ def test_many_tensors_share_frames_and_big_ones_spread():
     frames = list(chunking.split_tensors(wire, codec="none", chunk_bytes=CHUNK))
     assert len(frames) <= 10
     assert all(sum(len(d) for d in f.data) <= CHUNK for f in frames)
-    _same(chunking.join_tensors(_sent(frames)), wire)
+    _same(joining.join_tensors(_sent(frames)), wire)
 
 
 def test_joiner_takes_one_frame_at_a_time():
     wire = [_wire(np.float32, "chunks_and_remainder", True), _wire(np.int64, "small", False)]
-    joiner = chunking.TensorJoiner()
+    joiner = joining.TensorJoiner()
     for frame in _sent(chunking.split_tensors(wire, codec="lz4", chunk_bytes=CHUNK)):
         joiner.add(frame)
     _same(joiner.finish(), wire)
@@ -241,7 +243,7 @@ def test_a_whole_uncompressed_chunk_is_received_in_place():
     big = _wire(np.float32, "chunks_and_remainder", False)
     raw = [chunking.encode_frame(f) for f in
            chunking.split_tensors([small, big], codec="none", chunk_bytes=CHUNK)]
-    joined = chunking.join_tensors(chunking.decode_frame(r) for r in raw)
+    joined = joining.join_tensors(chunking.decode_frame(r) for r in raw)
     assert joined[0].content.obj is raw[0] and joined[0].content.readonly
     assert joined[1].content.obj is not raw[-1] and not joined[1].content.readonly
     _same(joined, [small, big])
@@ -277,7 +279,7 @@ def test_an_rpc_own_message_type_carries_the_stream_beside_its_fields():
     frames[0].message.sequence = 7
     frames.append(chunking.Frame(part(sequence=8), []))  # a request-level part of its own
     received = [chunking.decode_frame(chunking.encode_frame(f), part) for f in frames]
-    _same(chunking.join_tensors(received), wire)
+    _same(joining.join_tensors(received), wire)
     assert [f.message.sequence for f in received if f.message.sequence] == [7, 8]
 
 
@@ -316,7 +318,7 @@ def _chunk_at(pieces, tensor, field, index):
 
 def _join_fails(pieces, *patterns):
     with pytest.raises(PayloadError) as info:
-        chunking.join_tensors(_stream(pieces))
+        joining.join_tensors(_stream(pieces))
     for pattern in patterns:
         assert pattern in str(info.value), str(info.value)
     return str(info.value)
@@ -483,7 +485,7 @@ def sink():
     received = []
 
     def push(request_iterator, context):
-        joiner = chunking.TensorJoiner()
+        joiner = joining.TensorJoiner()
         try:
             for raw in request_iterator:
                 joiner.add(chunking.decode_frame(raw))
