@@ -1,15 +1,15 @@
 """A shard's state to and from a checkpoint file, re-sharded when the shard count changed.
 
-A shard file (`ps-{id}-of-{n}.ckpt`, see `common/checkpoint_layout.py` for the directory layout) is
-a numpy `.npz` archive, an uncompressed ZIP64 file that `numpy.load(path,
+A shard file (`ps-{id}-of-{n}.ckpt`, see `common/checkpoint_layout.py` for the directory
+layout) is a numpy `.npz` archive, an uncompressed ZIP64 file that `numpy.load(path,
 allow_pickle=False)` opens. Its member `meta.json` describes the shard (format, version,
 optimizer config, table configs, the dense variables' options, optimizer step count,
-applied sequences and push counts) and names, for
-every array, the member holding it (`a0.npy`, `a1.npy`, ...): dense values, dense optimizer
-slots keyed by variable and slot name, the optimizer's other variables, and each table's
-ids, rows and row slots. Arrays are plain `.npy` data (never pickles); a dtype numpy cannot
-describe (bfloat16) is stored as raw bytes with its name in `meta.json`. The file is written
-in one pass, its CRC32C computed on the way, then fsynced and renamed into place.
+applied sequences and push counts) and names, for every array, the member holding it
+(`a0.npy`, `a1.npy`, ...): dense values, dense optimizer slots keyed by variable and slot
+name, the optimizer's other variables, and each table's ids, rows and row slots. Arrays
+are plain `.npy` data (never pickles); a dtype numpy cannot describe (bfloat16) is stored
+as raw bytes with its name in `meta.json`. The file is written in one pass, its CRC32C
+computed on the way, then fsynced and renamed into place.
 
 Dense variables are placed by `partition.dense_shard` and table rows by
 `partition.embedding_shards`, which depend only on names, ids and the shard count; so a
@@ -34,10 +34,12 @@ import numpy as np
 
 from elastic_keras.common import partition
 from elastic_keras.common.atomic_file import atomic_write
-from elastic_keras.common.checkpoint_layout import ShardFile, file_crc32c, read_manifest, shard_file_name
+from elastic_keras.common.checkpoint_layout import (
+    ShardFile, file_crc32c, read_manifest, shard_file_name,
+)
 from elastic_keras.common.errors import CheckpointError
 from elastic_keras.ps.embedding_table import TableState
-from elastic_keras.ps.parameters import Snapshot, TableConfig, VariableOptions
+from elastic_keras.ps.shard_types import Snapshot, TableConfig, VariableOptions
 
 FORMAT = "elastic_keras.ps_shard"
 FORMAT_VERSION = 1

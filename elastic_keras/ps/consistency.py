@@ -1,15 +1,17 @@
 """How a shard turns pushes into updates: synchronous rounds or asynchronous staleness rules.
 
 Synchronous (`grads_to_wait` K >= 1): a push must be computed against the shard's current
-version. The shard adds it to the open round; the K-th push closes the round: the K
-gradients are averaged (dense gradients element-wise; sparse rows by id, an id missing from
-a push counting as a zero row, which is the gradient of the mean loss over the union of
-the K minibatches) and applied once, and the version goes up by one. The deltas of non-trainable variables are
-summed, not averaged: each minibatch makes its own update (a BatchNormalization statistic
-moves once per minibatch, a counter counts every one). A push against an older
-version is rejected as stale; the worker pulls and recomputes. A round that has waited
-`round_timeout_s` since its first push is applied with the pushes it has, averaged over
-their number, so a worker that died or left mid-round cannot stall training.
+version. The shard adds it to the open round, which closes when it holds the round size's
+pushes: K, or fewer while fewer workers have training work (the size the master sends, see
+`Parameters.set_round_size`). The round's gradients are averaged (dense gradients
+element-wise; sparse rows by id, an id missing from a push counting as a zero row, which is
+the gradient of the mean loss over the union of the round's minibatches) and applied once,
+and the version goes up by one. The deltas of non-trainable variables are summed, not
+averaged: each minibatch makes its own update (a BatchNormalization statistic moves once
+per minibatch, a counter counts every one). A push against an older version is rejected as
+stale; the worker pulls and recomputes. A round that has waited `round_timeout_s` since its
+first push is applied with the pushes it has, averaged over their number, so a worker that
+died or left mid-round cannot stall training.
 
 Asynchronous (K = 0): a push is applied at once. Its staleness is the shard's version minus
 the version it was computed against. With `max_staleness` S > 0 a push staler than S is
@@ -45,6 +47,27 @@ class UpdatePolicy:
 
     def too_stale(self, staleness):
         return self.max_staleness > 0 and staleness > self.max_staleness
+
+    def why_stale(self, version, push_version):
+        """Why a push computed against `push_version` must be recomputed on a shard at
+        `version`, or "" if it may be applied: synchronous, only a push of the current
+        version is; asynchronous, one of an earlier version up to `max_staleness` behind.
+        A version the shard has not reached (it was restored from a checkpoint) never is.
+
+        Example:
+
+            >>> UpdatePolicy(grads_to_wait=2).why_stale(version=3, push_version=2)
+            'computed against version 2, the shard is at version 3'
+            >>> UpdatePolicy().why_stale(version=3, push_version=2)
+            ''
+        """
+        staleness = version - push_version
+        if staleness < 0:
+            return (f"computed against version {push_version}, which the shard at "
+                    f"version {version} has not reached (it was restored)")
+        if self.sync and staleness != 0 or self.too_stale(staleness):
+            return f"computed against version {push_version}, the shard is at version {version}"
+        return ""
 
 
 class StalenessStats:

@@ -28,7 +28,7 @@ from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 from elastic_keras.ps.checkpoint import save_shard
-from elastic_keras.ps.parameters import Push, TableConfig, VariableOptions
+from elastic_keras.ps.shard_types import Push, TableConfig, VariableOptions
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         self._parameters = parameters
         self._transfer = transfer
         self._ps_id = ps_id
-        self._first_push_applied = False
+        self._first_push_accepted = False
         self._last_save = (None, None)  # (request, response) of the last SaveCheckpoint
 
     def InitModel(self, request, context):
@@ -126,9 +126,9 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                     incarnation=header.incarnation,
                 )
             )
-        if result.accepted and not self._first_push_applied:
-            self._first_push_applied = True  # when training reaches this process: a log line
-            logger.info("Shard %d applied its first push (from worker %d): model version %d.",
+        if result.accepted and not self._first_push_accepted:
+            self._first_push_accepted = True  # when training reaches this process: a log line
+            logger.info("Shard %d accepted its first push (from worker %d): model version %d.",
                         self._ps_id, header.worker_id, result.model_version)
         return pserver_pb2.PushGradientsResponse(
             accepted=result.accepted, model_version=result.model_version, reason=result.reason,

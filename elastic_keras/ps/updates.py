@@ -1,9 +1,9 @@
 """Checks what a worker sends against the shard's variables, before anything is changed.
 
 Everything here is a pure function of the payload and the shard's variable specs (names,
-shapes and dtypes, fixed at initialisation), so it runs outside the shard's lock and a bad
-payload is rejected with `PayloadError` while the variables, the optimizer and the model
-version stay as they were.
+shapes and dtypes, fixed at initialisation) or its tables' row width and id range, so it
+runs outside the shard's lock and a bad payload is rejected with `PayloadError` while the
+variables, the tables, the optimizer and the model version stay as they were.
 
 Example:
 
@@ -129,6 +129,36 @@ def prepare_update(specs, gradients, deltas):
             )
         prepared_deltas[name] = _dense(what, value, spec)
     return PreparedUpdate(gradients=prepared_gradients, deltas=prepared_deltas)
+
+
+def check_table_rows(table, value):
+    """Checks a push's gradient for an embedding table's rows.
+
+    Args:
+        table: the `EmbeddingTable` the rows belong to.
+        value: the pushed gradient; it must be `Slices` of floating-point rows.
+
+    Returns:
+        `(ids, grads)`: the row ids and their `[n, dim]` gradients.
+
+    Raises:
+        PayloadError: a dense gradient, rows of another width or not floating point, or
+            an id outside `[0, input_dim)` where the table has an `input_dim`.
+    """
+    what = f"Gradient of table {table.name!r}"
+    if not isinstance(value, Slices):
+        raise PayloadError(f"{what}: must be sparse rows with ids. Received: a dense tensor")
+    ids, grads = value.ids, value.values
+    if grads.ndim != 2 or grads.shape[1] != table.dim:
+        raise PayloadError(f"{what}: rows must have shape [n, {table.dim}]. "
+                           f"Received: shape={list(grads.shape)}")
+    if grads.dtype.kind != "f":
+        raise PayloadError(f"{what}: rows must be floating point. "
+                           f"Received: dtype={grads.dtype.name}")
+    if table.input_dim and len(ids) and (ids.min() < 0 or ids.max() >= table.input_dim):
+        raise PayloadError(f"{what}: ids must be in [0, {table.input_dim}). "
+                           f"Received: ids from {ids.min()} to {ids.max()}")
+    return ids, grads
 
 
 def _check_name(name, seen, what):

@@ -11,7 +11,8 @@ import pytest
 
 from elastic_keras.common.errors import NotReadyError
 from elastic_keras.ps.consistency import UpdatePolicy
-from elastic_keras.ps.parameters import Parameters, Push
+from elastic_keras.ps.parameters import Parameters
+from elastic_keras.ps.shard_types import Push, VariableOptions
 
 SGD = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(0.5)))
 
@@ -101,8 +102,6 @@ def test_a_new_model_starts_at_the_minimum_version():
 def test_a_snapshot_without_variable_options_takes_them_from_the_workers_init():
     """Files written before variables had options made every float variable trainable: the
     first InitModel with options marks the statistics non-trainable, so their deltas apply."""
-    from elastic_keras.ps.parameters import VariableOptions
-
     values = [("w", np.zeros(2, np.float32)), ("bn/moving_mean", np.zeros(2, np.float32))]
     adam = json.dumps(keras.optimizers.serialize(keras.optimizers.Adam(0.1)))
     old = Parameters()

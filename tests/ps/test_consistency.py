@@ -9,7 +9,8 @@ import pytest
 
 from elastic_keras.common.transfer.tensor_codec import Slices
 from elastic_keras.ps.consistency import UpdatePolicy
-from elastic_keras.ps.parameters import Parameters, Push, TableConfig
+from elastic_keras.ps.parameters import Parameters
+from elastic_keras.ps.shard_types import Push, TableConfig
 
 SGD = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(0.1)))
 
@@ -124,3 +125,16 @@ def test_max_staleness_bound(staleness, applied):
     assert result.accepted is applied and result.stale is not applied
     np.testing.assert_allclose(w(params), [-0.1, -0.1] if applied else [0, 0])
     assert params.staleness.rejections == (0 if applied else 1)
+
+
+@pytest.mark.parametrize("policy, version, push_version, why", [
+    (dict(grads_to_wait=2), 3, 3, ""),
+    (dict(grads_to_wait=2), 3, 2, "the shard is at version 3"),
+    (dict(), 3, 0, ""),
+    (dict(max_staleness=2), 3, 1, ""),
+    (dict(max_staleness=2), 3, 0, "computed against version 0, the shard is at version 3"),
+    (dict(), 3, 4, "has not reached (it was restored)"),
+])
+def test_why_stale_names_the_versions_of_a_refused_push(policy, version, push_version, why):
+    reason = UpdatePolicy(**policy).why_stale(version, push_version)
+    assert why in reason and bool(reason) is bool(why)

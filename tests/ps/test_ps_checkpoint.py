@@ -20,8 +20,9 @@ from elastic_keras.common.ps_client import PSClient
 from elastic_keras.proto import pserver_pb2
 from elastic_keras.ps import main as ps_main
 from elastic_keras.ps.checkpoint import load_shards, save_shard
-from elastic_keras.ps.parameters import DUPLICATE, Parameters, Push, TableConfig
+from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer, add_to_server
+from elastic_keras.ps.shard_types import DUPLICATE, Push, TableConfig
 
 DIM = 3
 TABLES = (TableConfig("user", DIM), TableConfig("item", 2, input_dim=1000))
@@ -374,7 +375,8 @@ def test_ps_client_saves_every_shard_into_a_loadable_checkpoint(serve, tmp_path)
     client = PSClient([address for _, address in shards], deadline_s=30)
     try:
         client.init_model(initial_values(), optimizer_config("sgd_momentum"))
-        path = checkpoint_layout.checkpoint_path(str(tmp_path), checkpoint_layout.next_number(str(tmp_path)))
+        path = checkpoint_layout.checkpoint_path(str(tmp_path),
+                                                 checkpoint_layout.next_number(str(tmp_path)))
         responses = client.save_checkpoint(path)
     finally:
         client.close()

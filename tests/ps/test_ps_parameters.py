@@ -9,7 +9,8 @@ import pytest
 
 from elastic_keras.common.transfer.tensor_codec import Slices
 from elastic_keras.ps import optimizer as optimizer_module
-from elastic_keras.ps.parameters import Parameters, Push
+from elastic_keras.ps.parameters import Parameters
+from elastic_keras.ps.shard_types import Push
 
 RNG = np.random.default_rng(11)
 TABLE = RNG.standard_normal((20, 4)).astype(np.float32)

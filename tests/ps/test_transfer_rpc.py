@@ -14,8 +14,9 @@ from elastic_keras.common.transfer.compression import CODEC_NAMES
 from elastic_keras.common.ps_client import UNARY_MAX_BYTES, PSClient
 from elastic_keras.common.transfer.tensor_stream import TransferOptions, push_parts
 from elastic_keras.proto import pserver_pb2
-from elastic_keras.ps.parameters import Parameters, TableConfig
+from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer, add_to_server
+from elastic_keras.ps.shard_types import TableConfig
 
 CHUNK = 64 << 10
 DTYPES = ("float32", "float16", "bfloat16")
