@@ -6,7 +6,6 @@ the master could not be reached); 2 bad flags, model module, data or checkpoint 
 """
 
 import argparse
-import json
 import sys
 
 from elastic_keras import __version__
@@ -15,7 +14,7 @@ from elastic_keras.common.log import quiet_native_logs
 quiet_native_logs()
 
 from elastic_keras.common import config as config_lib
-from elastic_keras.common.errors import ConfigError, DataError, ModelSpecError
+from elastic_keras.common.errors import ConfigError
 from elastic_keras.data import command as data_command
 
 
@@ -82,42 +81,9 @@ def _run_scale(args):
 
 
 def _run_train(args):
-    try:
-        job = config_lib.from_namespace(config_lib.JobConfig, args)
-        from elastic_keras.api import train  # loads TensorFlow: only when training
+    from elastic_keras.master.main import train_command  # loads TensorFlow: only to train
 
-        summary = train(job)
-    except (ConfigError, ModelSpecError, DataError) as exc:
-        print(f"elastic-keras train: error: {exc}", file=sys.stderr)
-        return 2
-    _print_summary(summary)
-    if summary.error == "interrupted (Ctrl-C or SIGTERM)":
-        return 130
-    return 0 if summary.status.value == "succeeded" else 1
-
-
-def _print_summary(summary):
-    lines = [f"Job {summary.job_name} {summary.status.value.upper()}"]
-    if summary.error:
-        lines.append(f"  error: {summary.error}")
-    for epoch in summary.epochs:
-        lines.append(
-            f"  epoch {epoch['epoch']}: {epoch['trained_at_least_once']}/{epoch['records']} "
-            f"records trained, {epoch['trained_more_than_once']} more than once"
-        )
-    for evaluation in summary.evaluations[-1:]:
-        lines.append(f"  evaluation (version {evaluation['model_version']}): "
-                     f"{json.dumps(evaluation['metrics'])}")
-    lines.append(
-        f"  tasks: {summary.tasks_done} done, {summary.tasks_failed} failed, "
-        f"{summary.tasks_requeued} re-queued; model version {summary.final_model_version}"
-    )
-    lines.append(f"  {summary.examples_trained} examples in {summary.training_time_s:.1f} s "
-                 f"({summary.examples_per_second:.0f} examples/s); wall time "
-                 f"{summary.wall_time_s:.1f} s")
-    if summary.saved_model:
-        lines.append(f"  model: {summary.saved_model}")
-    print("\n".join(lines), file=sys.stderr)
+    return train_command(args)
 
 
 def main(argv=None):

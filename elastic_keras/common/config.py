@@ -203,6 +203,8 @@ class JobConfig:
     )
     host: str = _shared("host")
     port: int = flag(0, help="Master port; 0 picks a free one.", bound=NON_NEGATIVE)
+    engine: str = flag("local", help="What runs the parameter servers and workers: local "
+                       "(subprocesses of the master, on this machine).")
     log_level: str = _shared("log_level")
 
     def __post_init__(self):

@@ -2,6 +2,10 @@
 
 import sys
 
-from elastic_keras.cli import main
+from elastic_keras.common.log import quiet_native_logs
 
-sys.exit(main(["train", *sys.argv[1:]]))
+quiet_native_logs()
+
+from elastic_keras.master.main import main  # noqa: E402
+
+sys.exit(main())

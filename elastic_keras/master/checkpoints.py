@@ -29,11 +29,12 @@ import grpc
 
 from elastic_keras.common import checkpoint_layout
 from elastic_keras.common.errors import CheckpointError, ConfigError
+from elastic_keras.master.job_state import JobState
 
 logger = logging.getLogger(__name__)
 
-JOB_STATE_FORMAT = 1
 HOLD_S = 30.0  # how long shards hold pushes back for a checkpoint at most
+PREPARE_TIMEOUT_S = 10.0  # a shard answers PrepareCheckpoint at once unless it is hung
 
 
 class JobCheckpoints:
@@ -60,7 +61,7 @@ class JobCheckpoints:
         return bool(self.root)
 
     def find_resumable(self):
-        """The newest complete checkpoint of this job, as `(path, job_state)`, or None.
+        """The newest complete checkpoint of this job, as `(path, JobState)`, or None.
 
         Raises:
             ConfigError: the directory holds another job's checkpoints, or a job state this
@@ -72,22 +73,15 @@ class JobCheckpoints:
         if found is None:
             return None
         path, manifest = found
-        state = manifest.get("job_state")
-        if not isinstance(state, dict) or state.get("format") != JOB_STATE_FORMAT:
+        state = JobState.from_json(manifest.get("job_state"), f"--checkpoint-dir {path}")
+        if state.job_name != self.job_name:
             raise ConfigError(
-                f"--checkpoint-dir {self.root}: {path} holds no job state this version can "
-                f"read (expected format {JOB_STATE_FORMAT}). Received: "
-                f"{type(state).__name__ if not isinstance(state, dict) else state.get('format')}"
-            )
-        if state.get("job_name") != self.job_name:
-            raise ConfigError(
-                f"--checkpoint-dir {self.root} holds checkpoints of job "
-                f"{state.get('job_name')!r}, not of this job {self.job_name!r}. Pass "
-                f"--job-name {state.get('job_name')} to resume that job, or use another "
-                "directory."
+                f"--checkpoint-dir {self.root} holds checkpoints of job {state.job_name!r}, "
+                f"not of this job {self.job_name!r}. Pass --job-name {state.job_name} to "
+                "resume that job, or use another directory."
             )
         self.last_path = path
-        self._next_version = state.get("model_version", 0) + self.steps
+        self._next_version = state.model_version + self.steps
         return path, state
 
     def latest(self):
@@ -106,7 +100,7 @@ class JobCheckpoints:
         return self.enabled and self.steps > 0 and model_version >= self._next_version
 
     def save(self, ps_client, job_state, live_workers=None):
-        """Takes a checkpoint holding `job_state` (snapshotted by the caller just before).
+        """Takes a checkpoint holding `job_state`, a `JobState` the caller took just before.
 
         Args:
             live_workers: ids of the workers that may have a push in flight (those running
@@ -122,7 +116,7 @@ class JobCheckpoints:
             number = checkpoint_layout.next_number(self.root)
             path = checkpoint_layout.checkpoint_path(self.root, number)
             try:
-                cut = ps_client.prepare_checkpoint(number, HOLD_S)
+                cut = ps_client.prepare_checkpoint(number, HOLD_S, PREPARE_TIMEOUT_S)
                 if live_workers is not None:
                     cut = {w: s for w, s in cut.items() if w in live_workers}
                 shards = ps_client.save_checkpoint(path, HOLD_S + 30.0, number, cut)
@@ -135,8 +129,7 @@ class JobCheckpoints:
                 "shards": [{"file": s.file, "bytes": s.bytes, "crc32c": s.crc32c,
                             "model_version": s.model_version} for s in shards],
                 "created": time.time(),
-                "job_state": {"format": JOB_STATE_FORMAT, "job_name": self.job_name,
-                              **job_state},
+                "job_state": job_state.to_json(),
             })
             checkpoint_layout.prune(self.root, self.keep_max)
         except (grpc.RpcError, OSError, CheckpointError) as exc:
@@ -146,7 +139,7 @@ class JobCheckpoints:
             return ""
         self.written += 1
         self.last_path = path
-        version = job_state.get("model_version", 0)
+        version = job_state.model_version
         self._next_version = version + self.steps
         logger.info("Checkpoint %s written at model version %d in %.1f s", path, version,
                     time.monotonic() - started)

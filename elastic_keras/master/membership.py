@@ -56,6 +56,15 @@ class Membership:
             return sorted(i for i in registered
                           if now - self._last_seen.get((role, i), now) > timeout_s)
 
+    def shards_answering(self, within_s):
+        """Whether every shard has registered and been heard from in the last `within_s`
+        seconds (a shard marked down: once its replacement registers)."""
+        now = time.monotonic()
+        with self._lock:
+            return len(self._ps) == self.num_ps and all(
+                now - self._last_seen.get(("ps", i), -float("inf")) <= within_s
+                for i in range(self.num_ps))
+
     def mark_ps_down(self, ps_id):
         """The shard's process is gone or being replaced: its replacement is not judged
         silent before it registers (after restoring its checkpoint, however long that
@@ -102,6 +111,16 @@ class Membership:
                 self._ps_reported.get(i, 0) > since and not self._ps_pending.get(i)
                 for i in range(self.num_ps)
             )
+
+    def wait_for_rounds_closed(self, timeout_s, tick_s=0.2):
+        """Waits until every shard has reported, after this call, no open synchronous round
+        (its version and applied pushes are then final); returns whether it happened."""
+        since = time.monotonic()
+        while not self.rounds_closed_since(since):
+            if time.monotonic() > since + timeout_s:
+                return False
+            time.sleep(tick_s)
+        return True
 
     def ps_version(self, ps_id):
         """The highest version shard `ps_id` reported (0: none)."""

@@ -34,9 +34,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
 
     def GetTask(self, request, context):
-        task = self._master.get_task(request.worker_id)
+        task = self._master.reports.get_task(request.worker_id)
         if task is None:
-            kind = master_pb2.TASK_NONE if self._master.no_more_tasks else master_pb2.TASK_WAIT
+            kind = master_pb2.TASK_NONE if self._master.reports.no_more_tasks else master_pb2.TASK_WAIT
             return master_pb2.GetTaskResponse(task=master_pb2.Task(type=kind))
         return master_pb2.GetTaskResponse(
             task=master_pb2.Task(
@@ -47,14 +47,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
 
     def ReportProgress(self, request, context):
-        self._master.report_progress(
+        self._master.reports.report_progress(
             request.worker_id, request.task_id, request.records_done, request.loss,
             request.model_version, request.minibatches,
         )
         return master_pb2.ReportProgressResponse()
 
     def ReportTaskResult(self, request, context):
-        self._master.report_task_result(
+        self._master.reports.report_task_result(
             request.worker_id, request.task_id, request.records_done, request.error,
             request.loss, request.model_version, request.metric_states, request.abandoned,
             request.minibatches, {d.ps_id: d.reason for d in request.dropped},
@@ -77,7 +77,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.num_workers < 1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"num_workers must be at least 1. Received: {request.num_workers}")
-        if self._master.engine is None:
+        if self._master.roles is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "The job has not started its roles yet.")
         previous, running = self._master.scale(request.num_workers)
         return master_pb2.ScaleResponse(

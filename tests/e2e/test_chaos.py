@@ -133,7 +133,7 @@ def test_a_job_survives_killed_workers_ps_and_master(mnist_records, tmp_path):
     relaunches = summary["recovery"]["relaunches"]
     assert relaunches["worker-0"] == 2 and relaunches["worker-1"] == 1
     assert relaunches["ps-1"] == 1
-    assert {"role": "ps-1", "exit_code": -signal.SIGKILL} in summary["role_exits"]
+    assert {"role": "ps-1", "exit_code": -signal.SIGKILL, "reason": "killed"} in summary["role_exits"]
 
     accuracy = _accuracy(out, mnist_records)
     assert accuracy >= 0.90

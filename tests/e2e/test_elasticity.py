@@ -87,8 +87,8 @@ def test_scaling_down_and_up_while_the_job_runs(digits_records, tmp_path):
     summary = _summary(out)
     assert summary["status"] == "succeeded" and _all_trained(summary), summary["epochs"]
     assert summary["num_workers"] == 2
-    assert "worker-1 left the job (exit code 0)" in log
-    assert "worker-2 left the job (exit code 0)" in log
+    assert "worker-1 left the job (exited with code 0)" in log
+    assert "worker-2 left the job (exited with code 0)" in log
     assert summary["role_exits"] == []  # leaving on request is not a failure
     assert summary["tasks_failed"] == 0
 
@@ -143,7 +143,7 @@ def test_roles_killed_while_the_job_starts_are_relaunched(digits_records, tmp_pa
         _finish(proc)
     log = (tmp_path / "job.log").read_text()
     assert proc.returncode == 0, log[-5000:]
-    assert "ps-1 exited with code -9; relaunched it (1 of 3) before every shard had" in log
+    assert "ps-1 was killed by SIGKILL; relaunched it (1 of 3) before every shard had" in log
     summary = _summary(out)
     assert summary["status"] == "succeeded" and _all_trained(summary), summary["epochs"]
     assert summary["recovery"]["relaunches"] == {"ps-1": 1, "worker-0": 1}
@@ -166,7 +166,7 @@ def test_a_hung_worker_is_killed_and_relaunched(digits_records, tmp_path):
     assert "worker-1 sent no heartbeat for 6 s" in log
     summary = _summary(out)
     assert summary["status"] == "succeeded" and _all_trained(summary), summary["epochs"]
-    assert {"role": "worker-1", "exit_code": -signal.SIGKILL} in summary["role_exits"]
+    assert {"role": "worker-1", "exit_code": -signal.SIGKILL, "reason": "killed"} in summary["role_exits"]
     assert summary["recovery"]["relaunches"] == {"worker-1": 1}
 
 
@@ -192,7 +192,7 @@ def test_a_hung_parameter_server_is_killed_and_relaunched_from_its_checkpoint(
     assert "relaunched it (1 of 3) at the same address, restoring" in log
     summary = _summary(out)
     assert summary["status"] == "succeeded" and _all_trained(summary), summary["epochs"]
-    assert {"role": "ps-0", "exit_code": -signal.SIGKILL} in summary["role_exits"]
+    assert {"role": "ps-0", "exit_code": -signal.SIGKILL, "reason": "killed"} in summary["role_exits"]
     assert summary["recovery"]["relaunches"] == {"ps-0": 1}
 
 

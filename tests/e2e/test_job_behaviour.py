@@ -187,9 +187,9 @@ def test_a_killed_worker_does_not_lose_records(digits_records, tmp_path):
     # The lost worker's task resumed after its last progress report: at most the minibatch
     # in flight when it died is trained twice.
     assert sum(e["trained_more_than_once"] for e in summary["epochs"]) <= 32
-    assert summary["role_exits"] == [{"role": victim, "exit_code": -signal.SIGKILL}]
+    assert summary["role_exits"] == [{"role": victim, "exit_code": -signal.SIGKILL, "reason": "killed"}]
     assert summary["tasks_requeued"] >= 0 and summary["tasks_failed"] == 0
-    assert f"{victim} exited with code -9" in log
+    assert f"{victim} was killed by SIGKILL" in log
     # Not relaunched (--relaunch-on-worker-failure 0): the job carried on with one worker.
     assert "not relaunched" in log and summary["recovery"]["relaunches"] == {}
     _assert_no_role_left(job)
@@ -257,7 +257,7 @@ def test_a_signal_to_train_stops_every_role(digits_records, tmp_path, signum):
     assert stopped_in < 20.0
     _assert_no_role_left(job)
     summary = _summary(out)
-    assert summary["status"] == "failed"
+    assert summary["status"] == "interrupted"
     assert summary["error"] == "interrupted (Ctrl-C or SIGTERM)"
     assert 0 < summary["examples_trained"] < 20 * 1437  # stopped mid-training
     assert summary["saved_model"] == ""

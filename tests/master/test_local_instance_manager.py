@@ -16,8 +16,11 @@ import pytest
 
 from elastic_keras.common import rpc
 from elastic_keras.common.master_client import MasterClient
+from elastic_keras.common.config import JobConfig
+from elastic_keras.common.errors import ConfigError
 from elastic_keras.master.instance_manager import (
-    LocalInstanceManager, RoleExit, RoleSpec, RoleType, create,
+    ExitReason, LocalEngineConfig, LocalInstanceManager, RoleExit, RoleId, RoleSpec, RoleType,
+    create,
 )
 from elastic_keras.proto import master_pb2_grpc
 
@@ -82,7 +85,8 @@ def lines():
 @pytest.fixture
 def engine(modules, tmp_path, lines):
     manager = LocalInstanceManager(
-        log_dir=str(tmp_path / "logs"), on_line=lines, env={"PYTHONPATH": str(modules)}
+        LocalEngineConfig(log_dir=str(tmp_path / "logs"), env={"PYTHONPATH": str(modules)}),
+        on_line=lines,
     )
     yield manager
     manager.stop_all(grace_s=1.0)
@@ -108,7 +112,7 @@ def _gone(pid):
 
 
 def test_exit_code_lines_and_log_file_of_a_role(engine, lines, tmp_path):
-    spec = RoleSpec(RoleType.WORKER, 0, "say_and_exit", ("--flag", "value"))
+    spec = RoleSpec(RoleId(RoleType.WORKER, 0), "say_and_exit", ("--flag", "value"))
     engine.start(spec)
 
     assert _poll_until_exit(engine) == [RoleExit(spec, 3)]
@@ -121,8 +125,8 @@ def test_exit_code_lines_and_log_file_of_a_role(engine, lines, tmp_path):
 
 
 def test_running_lists_live_roles_only(engine, lines):
-    sleeper = RoleSpec(RoleType.PS, 0, "sleeper", ())
-    quitter = RoleSpec(RoleType.WORKER, 1, "say_and_exit", ())
+    sleeper = RoleSpec(RoleId(RoleType.PS, 0), "sleeper", ())
+    quitter = RoleSpec(RoleId(RoleType.WORKER, 1), "say_and_exit", ())
     engine.start(sleeper)
     engine.start(quitter)
     assert _poll_until_exit(engine) == [RoleExit(quitter, 3)]
@@ -131,20 +135,20 @@ def test_running_lists_live_roles_only(engine, lines):
 
 
 def test_starting_a_running_role_again_is_refused(engine):
-    spec = RoleSpec(RoleType.WORKER, 0, "sleeper", ())
+    spec = RoleSpec(RoleId(RoleType.WORKER, 0), "sleeper", ())
     engine.start(spec)
     with pytest.raises(ValueError, match="worker-0"):
-        engine.start(RoleSpec(RoleType.WORKER, 0, "say_and_exit", ()))
+        engine.start(RoleSpec(RoleId(RoleType.WORKER, 0), "say_and_exit", ()))
     assert engine.running() == [spec]
 
 
 def test_stop_all_ends_sleeping_roles(engine, lines):
-    specs = [RoleSpec(RoleType.WORKER, i, "sleeper", ()) for i in range(2)]
+    specs = [RoleSpec(RoleId(RoleType.WORKER, i), "sleeper", ()) for i in range(2)]
     for spec in specs:
         engine.start(spec)
     for spec in specs:
         lines.wait_for(spec.name, "ready")
-    pids = [engine.pid(spec.name) for spec in specs]
+    pids = [engine.pid(spec.role) for spec in specs]
 
     started = time.monotonic()
     engine.stop_all(grace_s=10.0)
@@ -154,10 +158,10 @@ def test_stop_all_ends_sleeping_roles(engine, lines):
 
 
 def test_a_role_that_ignores_sigterm_is_killed_after_the_grace(engine, lines):
-    spec = RoleSpec(RoleType.PS, 0, "stubborn", ())
+    spec = RoleSpec(RoleId(RoleType.PS, 0), "stubborn", ())
     engine.start(spec)
     lines.wait_for("ps-0", "ready")  # its SIGTERM handler is in place
-    pid = engine.pid("ps-0")
+    pid = engine.pid(RoleId(RoleType.PS, 0))
 
     started = time.monotonic()
     engine.stop_all(grace_s=1.0)
@@ -168,13 +172,13 @@ def test_a_role_that_ignores_sigterm_is_killed_after_the_grace(engine, lines):
 
 
 def test_stop_ends_one_role_and_poll_reports_its_signal(engine, lines):
-    keep = RoleSpec(RoleType.PS, 0, "sleeper", ())
-    stop = RoleSpec(RoleType.WORKER, 0, "sleeper", ())
+    keep = RoleSpec(RoleId(RoleType.PS, 0), "sleeper", ())
+    stop = RoleSpec(RoleId(RoleType.WORKER, 0), "sleeper", ())
     engine.start(keep)
     engine.start(stop)
     lines.wait_for("worker-0", "ready")
 
-    engine.stop("worker-0", grace_s=5.0)
+    engine.stop(RoleId(RoleType.WORKER, 0), grace_s=5.0)
     assert _poll_until_exit(engine) == [RoleExit(stop, -signal.SIGTERM)]
     assert engine.running() == [keep]
 
@@ -202,7 +206,7 @@ def test_roles_start_reliably_beside_a_busy_grpc_server(engine):
     try:
         codes = []
         for batch in range(4):
-            specs = [RoleSpec(RoleType.WORKER, 10 * batch + i, "say_and_exit", ())
+            specs = [RoleSpec(RoleId(RoleType.WORKER, 10 * batch + i), "say_and_exit", ())
                      for i in range(10)]
             for spec in specs:
                 engine.start(spec)
@@ -219,25 +223,43 @@ def test_roles_start_reliably_beside_a_busy_grpc_server(engine):
     assert codes == [3] * 40
 
 
-def test_create_picks_the_engine_by_name(tmp_path):
-    assert isinstance(create("local", log_dir=str(tmp_path / "logs")), LocalInstanceManager)
-    with pytest.raises(ValueError, match="'kubernetes'"):
-        create("kubernetes")
+def test_create_builds_the_named_engine_from_its_own_config(tmp_path):
+    job = JobConfig(model_def="m.m", training_data="d", output=str(tmp_path / "out"))
+    engine = create("local", job)
+    assert isinstance(engine, LocalInstanceManager)
+    assert LocalEngineConfig.from_job(job).log_dir == str(tmp_path / "out" / "logs")
+    assert (tmp_path / "out" / "logs").is_dir()
+    with pytest.raises(ConfigError, match=r"one of \['local'\]. Received: --engine 'k8s'"):
+        create("k8s", job)
+
+
+@pytest.mark.parametrize("code, reason", [
+    (0, ExitReason.SUCCEEDED), (1, ExitReason.CRASHED), (2, ExitReason.BAD_INPUT),
+    (3, ExitReason.LEAVE_TIMEOUT), (4, ExitReason.MASTER_LOST), (-9, ExitReason.KILLED),
+    (70, ExitReason.CRASHED),
+])
+def test_an_exit_says_why_the_role_stopped(code, reason):
+    exit_ = RoleExit(RoleSpec(RoleId(RoleType.PS, 1), "m", ()), code)
+    assert exit_.reason == reason and exit_.to_json() == {
+        "role": "ps-1", "exit_code": code, "reason": reason.value}
+    assert ("SIGKILL" in exit_.describe()) == (code == -9)
 
 
 # Prints its role's pid once the role runs (and has written its only line, so the role
 # cannot die of a broken pipe instead), then waits to be killed.
 PARENT = """
     import sys, threading, time
-    from elastic_keras.master.instance_manager import LocalInstanceManager, RoleSpec, RoleType
+    from elastic_keras.master.instance_manager import (
+        LocalEngineConfig, LocalInstanceManager, RoleId, RoleSpec, RoleType,
+    )
 
     ready = threading.Event()
-    engine = LocalInstanceManager(
-        env={"PYTHONPATH": sys.argv[1]}, on_line=lambda role, line: ready.set()
-    )
-    engine.start(RoleSpec(RoleType.WORKER, 0, "sleeper", ()))
+    engine = LocalInstanceManager(LocalEngineConfig(env={"PYTHONPATH": sys.argv[1]}),
+                                  on_line=lambda role, line: ready.set())
+    worker = RoleId(RoleType.WORKER, 0)
+    engine.start(RoleSpec(worker, "sleeper", ()))
     ready.wait(60)
-    print(engine.pid("worker-0"), flush=True)
+    print(engine.pid(worker), flush=True)
     time.sleep(600)
 """
 

@@ -37,7 +37,7 @@ def master(spec, tmp_path):
                        max_task_retries=1, job_name="servicer-test")
     master = Master(config, spec, engine=LocalInstanceManager(),
                     console=Console(stream=io.StringIO()))
-    master.tasks = TaskManager(TRAIN, records_per_task=40, num_epochs=1,
+    master.reports.tasks = TaskManager(TRAIN, records_per_task=40, num_epochs=1,
                                max_task_retries=config.max_task_retries, eval_shards=EVAL,
                                seed=0)
     return master
@@ -85,7 +85,7 @@ def test_training_tasks_then_wait_while_they_run_then_none(client, master):
     assert all(t.epoch == 0 for t in tasks)
     assert set(master.tasks.running_tasks()) == {t.task_id for t in tasks}
 
-    master.no_more_tasks = True
+    master.reports.no_more_tasks = True
     assert client.get_task(0).type == master_pb2.TASK_NONE
 
 
@@ -96,7 +96,7 @@ def test_progress_and_results_update_the_task_manager(client, master):
     client.report_progress(3, first.task_id, records_done=16, loss=2.5, model_version=4)
     assert master.tasks.records_done(first.task_id) == 16
     assert master.tasks.progress() == (0, 16, 130)
-    assert master.throughput.records == 16 and master.throughput.loss == 2.5
+    assert master.reports.throughput.records == 16 and master.reports.throughput.loss == 2.5
     assert master.model_version == 4
 
     for task in tasks:
@@ -104,7 +104,7 @@ def test_progress_and_results_update_the_task_manager(client, master):
                                   loss=1.0, model_version=9)
     assert master.tasks.tasks_done == 4 and master.tasks.tasks_failed == 0
     assert master.tasks.progress() == (0, 130, 130)
-    assert master.throughput.records == 130
+    assert master.reports.throughput.records == 130
     assert master.model_version == 9
     assert master.tasks.epoch_finished() == 0
     [counts] = master.tasks.epoch_counts()

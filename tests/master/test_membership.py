@@ -32,3 +32,22 @@ def test_silent_shards_and_workers_and_a_replaced_shard_waits_for_its_registrati
     members.register_ps(0, "127.0.0.1:1")
     clock.now += 7
     assert members.silent("ps", 6) == [0, 1]
+
+
+def test_shards_answer_once_all_registered_and_none_silent_or_down(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(membership_module.time, "monotonic", lambda: now[0])
+    members = Membership(2)
+    members.register_ps(0, "127.0.0.1:1")
+    assert not members.shards_answering(6.0)  # ps-1 has not registered
+    members.register_ps(1, "127.0.0.1:2")
+    assert members.shards_answering(6.0)
+    now[0] += 5.0
+    members.heartbeat("ps", 0)
+    now[0] += 2.0
+    assert not members.shards_answering(6.0)  # ps-1 silent for 7 s
+    members.heartbeat("ps", 1)
+    members.mark_ps_down(0)
+    assert not members.shards_answering(6.0)  # ps-0 being replaced
+    members.register_ps(0, "127.0.0.1:1")
+    assert members.shards_answering(6.0)

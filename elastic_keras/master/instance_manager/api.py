@@ -1,8 +1,17 @@
-"""The launcher interface: engines start, watch and stop roles; the master holds the policy."""
+"""The launcher interface: engines start, watch and stop roles; the master holds the policy.
+
+An engine is an `InstanceManager` subclass built from its own frozen config
+(`config_type.from_job(job_config)`), registered by name in `instance_manager.ENGINES` and
+chosen with `--engine`. Roles are addressed by `RoleId`; what ended a role comes back as a
+`RoleExit` with an `ExitReason`.
+"""
 
 import abc
 import dataclasses
 import enum
+import signal
+
+from elastic_keras.common.exit_codes import RoleExitCode
 
 
 class RoleType(str, enum.Enum):
@@ -10,18 +19,52 @@ class RoleType(str, enum.Enum):
     WORKER = "worker"
 
 
-@dataclasses.dataclass(frozen=True)
-class RoleSpec:
-    """What to run: `python -m <module> <args...>` as role `type` number `index`."""
+@dataclasses.dataclass(frozen=True, order=True)
+class RoleId:
+    """One role of a job: parameter server or worker number `index`."""
 
     type: RoleType
     index: int
+
+    @property
+    def name(self):
+        return f"{self.type.value}-{self.index}"
+
+    def __str__(self):
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSpec:
+    """What to run: `python -m <module> <args...>` as role `role`."""
+
+    role: RoleId
     module: str
     args: tuple
 
     @property
     def name(self):
-        return f"{self.type.value}-{self.index}"
+        return self.role.name
+
+
+class ExitReason(str, enum.Enum):
+    """Why a role stopped, from its exit code (see `common.exit_codes.RoleExitCode`)."""
+
+    SUCCEEDED = "succeeded"
+    CRASHED = "crashed"            # an exit code of its own making: an error
+    KILLED = "killed"              # a signal
+    MASTER_LOST = "master_lost"
+    BAD_INPUT = "bad_input"
+    LEAVE_TIMEOUT = "leave_timeout"
+
+    @classmethod
+    def of(cls, exit_code):
+        if exit_code < 0:
+            return cls.KILLED
+        named = {RoleExitCode.OK: cls.SUCCEEDED, RoleExitCode.MASTER_LOST: cls.MASTER_LOST,
+                 RoleExitCode.BAD_INPUT: cls.BAD_INPUT,
+                 RoleExitCode.LEAVE_TIMEOUT: cls.LEAVE_TIMEOUT}
+        return named.get(exit_code, cls.CRASHED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +75,41 @@ class RoleExit:
     exit_code: int
 
     @property
+    def role(self):
+        return self.spec.role
+
+    @property
+    def reason(self):
+        return ExitReason.of(self.exit_code)
+
+    @property
     def succeeded(self):
         return self.exit_code == 0
+
+    def describe(self):
+        """"exited with code 3", "was killed by SIGKILL", ..., for log lines."""
+        if self.exit_code < 0:
+            try:
+                return f"was killed by {signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                return f"was killed by signal {-self.exit_code}"
+        named = self.reason not in (ExitReason.SUCCEEDED, ExitReason.CRASHED)
+        return f"exited with code {self.exit_code}" + (f" ({self.reason.value})" if named else "")
+
+    def to_json(self):
+        return {"role": self.role.name, "exit_code": self.exit_code,
+                "reason": self.reason.value}
 
 
 class InstanceManager(abc.ABC):
     """Starts, watches and stops the processes of a job's roles.
 
     Implementations only carry out orders; deciding to relaunch, re-queue or give up is the
-    master's job.
+    master's job. Each is built as `Engine(config, on_line)` from an instance of its
+    `config_type`, a frozen dataclass with a `from_job(job_config)` class method.
     """
+
+    config_type: type
 
     @abc.abstractmethod
     def start(self, spec: RoleSpec) -> None:
@@ -56,12 +124,12 @@ class InstanceManager(abc.ABC):
         """The roles still running."""
 
     @abc.abstractmethod
-    def stop(self, name: str, grace_s: float) -> None:
-        """Stops role `name`: SIGTERM, then SIGKILL after `grace_s` seconds."""
+    def stop(self, role: RoleId, grace_s: float) -> None:
+        """Stops `role`: SIGTERM, then SIGKILL after `grace_s` seconds."""
 
     @abc.abstractmethod
-    def kill(self, name: str) -> None:
-        """Kills role `name` at once (SIGKILL) without waiting; `poll` reports its exit."""
+    def kill(self, role: RoleId) -> None:
+        """Kills `role` at once (SIGKILL) without waiting; `poll` reports its exit."""
 
     @abc.abstractmethod
     def stop_all(self, grace_s: float) -> None:

@@ -8,6 +8,7 @@ land) needs the master, and with it gone the job resumes from its checkpoint whe
 runs again.
 """
 
+import dataclasses
 import logging
 import os
 import signal
@@ -39,23 +40,43 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalEngineConfig:
+    """How the local engine runs roles.
+
+    Attributes:
+        log_dir: directory for one log file per role, or "" for none.
+        env: extra environment variables for the roles.
+    """
+
+    log_dir: str = ""
+    env: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_job(cls, job):
+        """The config a job's flags ask for: role logs under `--output`/logs."""
+        return cls(log_dir=os.path.join(job.output, "logs") if job.output else "")
+
+
 class LocalInstanceManager(InstanceManager):
     """Runs roles as child processes of the master.
 
     Args:
-        log_dir: directory for one log file per role, or "" for none.
+        config: a `LocalEngineConfig` (default: no log files, no extra environment).
         on_line: called as `on_line(role_name, line)` for every line a role prints.
-        env: extra environment variables for the roles.
     """
 
-    def __init__(self, log_dir="", on_line=None, env=None):
-        self._log_dir = log_dir
+    config_type = LocalEngineConfig
+
+    def __init__(self, config=None, on_line=None):
+        config = config or LocalEngineConfig()
+        self._log_dir = config.log_dir
         self._on_line = on_line or (lambda name, line: None)
-        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **config.env}
         self._procs: dict[str, tuple[RoleSpec, subprocess.Popen, threading.Thread]] = {}
         self._lock = threading.Lock()
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
+        if self._log_dir:
+            os.makedirs(self._log_dir, exist_ok=True)
 
     def start(self, spec):
         with self._lock:
@@ -106,19 +127,20 @@ class LocalInstanceManager(InstanceManager):
         with self._lock:
             return [spec for spec, proc, _ in self._procs.values() if proc.poll() is None]
 
-    def pid(self, name):
+    def pid(self, role):
+        """The process id of running `role` (a `RoleId`)."""
         with self._lock:
-            return self._procs[name][1].pid
+            return self._procs[role.name][1].pid
 
-    def stop(self, name, grace_s):
+    def stop(self, role, grace_s):
         with self._lock:
-            entry = self._procs.get(name)
+            entry = self._procs.get(role.name)
         if entry:
             self._terminate([entry[1]], grace_s)
 
-    def kill(self, name):
+    def kill(self, role):
         with self._lock:
-            entry = self._procs.get(name)
+            entry = self._procs.get(role.name)
         if entry and entry[1].poll() is None:
             entry[1].kill()
 

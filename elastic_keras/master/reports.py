@@ -1,0 +1,116 @@
+"""The workers' side of the job: tasks handed out, progress and results reported.
+
+The servicer calls in here from gRPC threads: `get_task`, `report_progress`,
+`report_task_result`. The reports feed the task queue, the training throughput and loss, the
+push account, the evaluation results and the highest model version seen; the main loop
+reads them back for its policy and for the progress line.
+"""
+
+import logging
+import os
+import threading
+import time
+
+from elastic_keras.master.push_account import PushAccount
+from elastic_keras.master.tasks import TaskOutcome, TaskType
+from elastic_keras.master.throughput import Throughput
+
+logger = logging.getLogger(__name__)
+
+EVENTS_EVERY_S = 5.0  # how often training scalars go to the TensorBoard event file
+
+
+class Reports:
+    """What workers report, kept for the master's loop.
+
+    Args:
+        membership: the job's `Membership` (the shards report their versions there).
+        evaluations: the job's `Evaluations`.
+
+    `tasks`, the `TaskManager`, is set once the data is listed; until then no task is
+    handed out.
+    """
+
+    def __init__(self, membership, evaluations):
+        self.tasks = None
+        self.no_more_tasks = False  # tells workers to exit
+        self.membership = membership
+        self.evaluations = evaluations
+        self.throughput = Throughput()
+        self.pushes = PushAccount()
+        self.first_task_at = None  # training time counts from the first task handed out
+        self._lock = threading.Lock()
+        self._model_version = 0
+        self._events_at = 0.0
+
+    @property
+    def model_version(self):
+        """The highest model version any worker or shard has reported."""
+        with self._lock:
+            return max(self._model_version, self.membership.model_version)
+
+    def note_version(self, version):
+        """A model version reached (reported, or that a resumed job starts from)."""
+        with self._lock:
+            self._model_version = max(self._model_version, version)
+
+    def get_task(self, worker_id):
+        """The next task for `worker_id`, or None (see `no_more_tasks` for why)."""
+        if self.tasks is None or self.no_more_tasks:
+            return None
+        task = self.tasks.get(worker_id)
+        if task is not None and self.first_task_at is None:
+            self.first_task_at = time.time()
+        if task is not None and task.takes_over:
+            logger.info("Worker %d takes over %s records [%d, %d) of %s (task %d)", worker_id,
+                        task.type.value, task.start, task.end, os.path.basename(task.path),
+                        task.task_id)
+        return task
+
+    def report_progress(self, worker_id, task_id, records_done, loss, model_version,
+                        minibatches=0):
+        self.note_version(model_version)
+        if minibatches:
+            self.pushes.report(task_id, worker_id, minibatches)
+        before = self.tasks.records_done(task_id)
+        self.tasks.report_progress(task_id, records_done)
+        self.throughput.add(max(0, self.tasks.records_done(task_id) - before), loss)
+
+    def report_task_result(self, worker_id, task_id, records_done, error, loss,
+                           model_version, metric_states, abandoned=False, minibatches=0,
+                           dropped=None):
+        self.note_version(model_version)
+        if minibatches or dropped:
+            self.pushes.report(task_id, worker_id, minibatches, dropped)
+        before = self.tasks.records_done(task_id)
+        task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned)
+        if task is None:
+            return
+        if task.type == TaskType.TRAINING:
+            trained = records_done if error or abandoned else task.num_records
+            self.throughput.add(max(0, trained - before), None if error else loss)
+        elif outcome == TaskOutcome.DONE:
+            self.evaluations.add(worker_id, metric_states, model_version)
+        if abandoned:
+            logger.info("Worker %d handed back %s task %d after %d records", worker_id,
+                        task.type.value, task_id, records_done)
+        elif error:
+            logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
+                           task.type.value, task_id, outcome.value, error)
+
+    def show(self, console, num_epochs, events=None):
+        """Updates the progress line, and every `EVENTS_EVERY_S` the training scalars."""
+        epoch, done, total = self.tasks.progress()
+        loss = self.throughput.loss
+        examples_per_second = self.throughput.examples_per_second()
+        version = self.model_version
+        console.status(
+            f"epoch {epoch + 1}/{num_epochs}  records {done}/{total}  "
+            f"loss {'-' if loss is None else f'{loss:.4f}'}  "
+            f"{examples_per_second:.0f} examples/s  version {version}"
+        )
+        now = time.monotonic()
+        if events and loss is not None and now - self._events_at >= EVENTS_EVERY_S:
+            self._events_at = now
+            events.scalars({"train/loss": loss, "train/examples_per_second": examples_per_second},
+                           version)

@@ -1,0 +1,80 @@
+"""The job's roles as its engine runs them: started from their configs, stopped, watched.
+
+Mechanism only: the master's loop decides when a role starts, is relaunched or is stopped;
+`Roles` turns that into the engine's calls and keeps the exits seen.
+"""
+
+import threading
+import time
+
+from elastic_keras.common.config import to_argv
+from elastic_keras.master.instance_manager import RoleId, RoleSpec, RoleType
+
+WORKER_LEAVE_GRACE_S = 30.0  # a worker scaled away gets this long to hand its task back
+_TICK_S = 0.2
+
+
+class Roles:
+    """Starts and stops the parameter servers and workers of one job through `engine`.
+
+    Args:
+        config: the job's `JobConfig`.
+        engine: the `InstanceManager` that runs the roles.
+    """
+
+    def __init__(self, config, engine):
+        self.config = config
+        self.engine = engine
+        self.master_address = ""  # set once the master serves
+        self.leaving = set()      # ids of workers stopped by scaling down
+        self.failed_exits = []    # `RoleExit`s of roles that did not end well, in this run
+
+    def start_ps(self, ps_id, port=0, restore_from="", min_version=0):
+        config = self.config.ps_config(ps_id, self.master_address, port, restore_from,
+                                       min_version)
+        self.engine.start(RoleSpec(RoleId(RoleType.PS, ps_id), "elastic_keras.ps",
+                                   tuple(to_argv(config))))
+
+    def start_worker(self, worker_id):
+        config = self.config.worker_config(worker_id, self.master_address)
+        self.engine.start(RoleSpec(RoleId(RoleType.WORKER, worker_id), "elastic_keras.worker",
+                                   tuple(to_argv(config))))
+
+    def workers(self):
+        """Ids of the running workers that are not leaving, in order."""
+        return sorted(s.role.index for s in self.engine.running()
+                      if s.role.type == RoleType.WORKER and s.role.index not in self.leaving)
+
+    def count(self, role_type):
+        """How many roles of `role_type` run (leaving workers included)."""
+        return sum(s.role.type == role_type for s in self.engine.running())
+
+    def leave(self, worker_id):
+        """Asks a worker to hand its task back and exit (SIGTERM), in the background."""
+        self.leaving.add(worker_id)
+        threading.Thread(
+            target=self.engine.stop,
+            args=(RoleId(RoleType.WORKER, worker_id), WORKER_LEAVE_GRACE_S),
+            name=f"stop-worker-{worker_id}", daemon=True,
+        ).start()
+
+    def kill(self, role_type, index):
+        self.engine.kill(RoleId(RoleType(role_type), index))
+
+    def poll(self):
+        """The roles that exited since the last call (`RoleExit`)."""
+        return self.engine.poll()
+
+    def wait_for_exits(self, role_type, timeout_s):
+        """Waits up to `timeout_s` for every role of `role_type` to exit on its own."""
+        deadline = time.monotonic() + timeout_s
+        while self.count(role_type) and time.monotonic() < deadline:
+            self._keep_failed(self.engine.poll())
+            time.sleep(_TICK_S)
+
+    def stop_all(self, grace_s):
+        self.engine.stop_all(grace_s)
+        self._keep_failed(self.engine.poll())
+
+    def _keep_failed(self, exits):
+        self.failed_exits += [e for e in exits if not e.succeeded]
