@@ -54,7 +54,7 @@ class JobState:
                  "role_exits": list, "finished": bool}
         for name, kind in kinds.items():
             if name in data and not isinstance(data[name], kind):
-                raise ConfigError(f"{where}: job state field {name!r} must be a "
+                raise ConfigError(f"{where}: job state field {name!r} must be of type "
                                   f"{kind.__name__}. Received: {data[name]!r:.80}")
         if "job_name" not in data or "tasks" not in data:
             raise ConfigError(f"{where}: the job state lacks 'job_name' or 'tasks'. "
