@@ -37,10 +37,12 @@ class MasterClient:
         response = self._stub.GetCluster(master_pb2.GetClusterRequest(worker_id=worker_id))
         return response.ready, list(response.ps_addresses)
 
-    def heartbeat(self, role, role_id, timeout_s=None):
-        """The master's `HeartbeatResponse`: `job_finished` tells the caller to exit."""
+    def heartbeat(self, role, role_id, timeout_s=None, round_size=0):
+        """The master's `HeartbeatResponse`: `job_finished` tells the caller to exit; a
+        synchronous shard sends its `round_size` and gets a new one when it changed."""
         return self._stub.Heartbeat(
-            master_pb2.HeartbeatRequest(role=role, id=role_id), timeout=timeout_s
+            master_pb2.HeartbeatRequest(role=role, id=role_id, round_size=round_size),
+            timeout=timeout_s,
         )
 
     def get_task(self, worker_id):

@@ -27,11 +27,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def Heartbeat(self, request, context):
         known = self._master.membership.heartbeat(request.role, request.id)
-        return master_pb2.HeartbeatResponse(
-            job_finished=self._master.job_finished,
-            sync_round_size=self._master.sync_round_size,
-            register_again=not known,
-        )
+        answer = master_pb2.HeartbeatResponse(job_finished=self._master.job_finished,
+                                              register_again=not known)
+        if request.role == "ps" and self._master.config.grads_to_wait:
+            size = self._master.sync_round_size
+            if size != request.round_size:  # sent once per change
+                answer.sync_round_size = size
+        return answer
 
     def GetTask(self, request, context):
         task = self._master.reports.get_task(request.worker_id)

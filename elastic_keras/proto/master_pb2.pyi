@@ -74,12 +74,14 @@ class GetClusterResponse(_message.Message):
     def __init__(self, ready: _Optional[bool] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("role", "id")
+    __slots__ = ("role", "id", "round_size")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SIZE_FIELD_NUMBER: _ClassVar[int]
     role: str
     id: int
-    def __init__(self, role: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
+    round_size: int
+    def __init__(self, role: _Optional[str] = ..., id: _Optional[int] = ..., round_size: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("job_finished", "sync_round_size", "register_again")

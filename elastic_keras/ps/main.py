@@ -157,7 +157,8 @@ def _keep_in_touch(config, address, parameters, master, stop):
                 registered = True
                 logger.info("Registered %s with the master at %s.", address, config.master_addr)
             answer = master.heartbeat(
-                "ps", config.ps_id, timeout_s=min(MASTER_CALL_DEADLINE_S, time_left)
+                "ps", config.ps_id, timeout_s=min(MASTER_CALL_DEADLINE_S, time_left),
+                round_size=parameters.round_size,
             )
             finished = answer.job_finished
             last_answer = time.monotonic()
@@ -168,7 +169,7 @@ def _keep_in_touch(config, address, parameters, master, stop):
             if finished:
                 logger.info("The master says the job has finished; stopping.")
                 return 0
-            if parameters.policy.sync:
+            if answer.HasField("sync_round_size"):
                 parameters.set_round_size(answer.sync_round_size)
             closed = parameters.close_expired_round()
             master.report_version(config.ps_id, parameters.version,

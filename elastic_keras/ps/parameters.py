@@ -295,11 +295,18 @@ class Parameters:
                 self._applied_pushes[push.worker_id] += 1
             return PushResult(accepted=True, model_version=self._version)
 
-    def set_round_size(self, size):
-        """Pushes that close a synchronous round from now on: at most `grads_to_wait`, fewer
-        while fewer workers have training work (0: apply any open round at once)."""
+    @property
+    def round_size(self):
+        """Pushes that close a synchronous round now (0 when training asynchronously)."""
         with self._lock:
-            self._round_size = min(max(size, 0), self.policy.grads_to_wait)
+            return self._round_size
+
+    def set_round_size(self, size):
+        """Pushes that close a synchronous round from now on, as the master decides them
+        (fewer than `grads_to_wait` while fewer workers have training work; 0: apply any
+        open round at once)."""
+        with self._lock:
+            self._round_size = max(size, 0)
             if self._model is not None and self._round.count >= max(self._round_size, 1):
                 self._close_round(self._model)
 

@@ -184,3 +184,20 @@ def test_report_version_raises_the_model_version(client, master):
     client.report_version(1, 5)
     client.report_version(0, 3)  # an older report does not lower it
     assert master.model_version == 12
+
+
+def test_a_synchronous_shard_gets_the_round_size_only_when_it_changes(spec):
+    config = JobConfig(model_def="digits.digits_cnn", training_data="unused", num_workers=2,
+                       grads_to_wait=2, job_name="servicer-round-test")
+    master = Master(config, spec, console=Console(stream=io.StringIO()))
+    server, port = rpc.create_server(
+        [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), s)])
+    client = MasterClient(f"127.0.0.1:{port}", deadline_s=10.0)
+    try:
+        # Before the job has tasks and roles, the master's size is --grads-to-wait.
+        assert not client.heartbeat("ps", 0, round_size=2).HasField("sync_round_size")
+        assert client.heartbeat("ps", 0, round_size=1).sync_round_size == 2
+        assert not client.heartbeat("worker", 0).HasField("sync_round_size")
+    finally:
+        client.close()
+        server.stop(grace=None)

@@ -82,9 +82,10 @@ def test_smaller_round_size_when_fewer_workers_have_work():
     assert params.version == 1
     push(params, 0, 2, 1, [1, 1])
     assert params.version == 2
-    params.set_round_size(5)  # capped at grads_to_wait
+    params.set_round_size(2)  # two workers have work again
     push(params, 0, 3, 2, [1, 1])
     assert params.version == 2 and params.pending_pushes == 1
+    assert params.round_size == 2
 
 
 def test_pull_waits_for_the_round():
