@@ -75,7 +75,7 @@ def tables_side(data, sizes):
         client = PSClient([ps.address], deadline_s=600)
         filler = PSClient([ps.address], deadline_s=600)
         try:
-            trainer = Trainer(spec, client, worker_id=0, overlap=True)
+            trainer = Trainer(spec, client, worker_id=0, strategy="overlap")
             # Builds the model, creates the tables and every row the batches touch, so that
             # each measurement times steps over rows that exist.
             _train(trainer, batches)

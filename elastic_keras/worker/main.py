@@ -23,6 +23,7 @@ from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.common.ps_client import PSClient
+from elastic_keras.worker import strategies
 from elastic_keras.worker.task_loop import TaskLoop
 from elastic_keras.worker.trainer import Trainer
 
@@ -130,7 +131,7 @@ def main(argv=None):
         logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
                     config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,
-                          config.sync, config.max_stale_retries, config.overlap, stop=stop)
+                          strategies.name_for(config), config.max_stale_retries, stop=stop)
         TaskLoop(config, spec, master, trainer, stop).run()
     finally:
         heartbeat.close()

@@ -78,7 +78,7 @@ def test_the_export_predicts_what_fit_predicts(shards, tmp_path, name):
     y = rng.normal(size=(BATCH * STEPS, 2)).astype(np.float32)
     client = PSClient(shards)
     try:
-        trainer = Trainer(spec, client, worker_id=0, sync=True)
+        trainer = Trainer(spec, client, worker_id=0, strategy="sync")
         trainer._ensure_model(tf.constant(x[:1]))  # offers its initial values
         _, _, initial = client.pull_dense()
         for step in range(STEPS):

@@ -1,6 +1,8 @@
-"""Synchronous training is a larger batch: with SGD, 2 workers and --grads-to-wait 2, every
+"""Synchronous rounds: a worker's next pull waits for the rounds its push joined, so
+synchronous training is a larger batch: with SGD, 2 workers and --grads-to-wait 2, every
 step's parameters (dense and embedding rows) equal one process training on the union of the
-two minibatches. Real shards on 127.0.0.1, real PSClient and Trainers, two threads."""
+two minibatches. Real shards on 127.0.0.1, real PSClient and Trainers, two threads; the
+waiting itself against a `FakeReplica`."""
 
 import threading
 
@@ -20,7 +22,10 @@ from elastic_keras.layers.lookup_context import (
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer, add_to_server
+from elastic_keras.worker.strategies import Minibatch
+from elastic_keras.worker.strategies.sync import SyncRounds
 from elastic_keras.worker.trainer import Trainer
+from tests.worker.strategies.fake_replica import FakeReplica, stale
 
 LR = 0.1
 
@@ -49,6 +54,17 @@ def batch(rng, size=8):
         tf.constant(rng.normal(size=(size, 1)), tf.float32)
 
 
+
+def test_the_next_pull_waits_for_the_versions_the_rounds_it_joined_make():
+    """Shard 0 applied the push at version 3, shard 1 (after a stale refusal) at 5."""
+    replica = FakeReplica(answers=[{1: stale(5)}], versions=(3, 3))
+    strategy = SyncRounds(replica)
+    strategy.train(Minibatch(None, 1.0, 1))
+    strategy.train(Minibatch(None, 2.0, 2))
+    pulls = [e for e in replica.events if e[0] == "pull"]
+    assert pulls == [("pull", None), ("pull", [0, 5]), ("pull", [4, 6])]
+
+
 def test_two_sync_workers_equal_one_process_on_the_union():
     servers, addresses = [], []
     for _ in range(2):
@@ -59,7 +75,7 @@ def test_two_sync_workers_equal_one_process_on_the_union():
         servers.append(server)
         addresses.append(f"127.0.0.1:{port}")
     clients = [PSClient(addresses) for _ in range(3)]
-    trainers = [Trainer(SPEC, clients[i], worker_id=i, sync=True) for i in range(2)]
+    trainers = [Trainer(SPEC, clients[i], worker_id=i, strategy="sync") for i in range(2)]
     rng = np.random.default_rng(0)
     try:
         steps = [(batch(rng), batch(rng)) for _ in range(4)]
