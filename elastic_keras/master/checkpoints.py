@@ -23,6 +23,7 @@ their records are trained again (counted as "more than once").
 """
 
 import logging
+import os
 import time
 
 import grpc
@@ -48,7 +49,8 @@ class JobCheckpoints:
     """
 
     def __init__(self, root, steps, keep_max, job_name):
-        self.root = root
+        # Shards are told absolute paths: their working directory need not be the master's.
+        self.root = os.path.abspath(root) if root else ""
         self.steps = steps
         self.keep_max = keep_max
         self.job_name = job_name
@@ -153,7 +155,7 @@ def init_checkpoint(directory):
         ConfigError: there is none (naming the directory and what it holds).
     """
     try:
-        found = checkpoint_layout.latest_complete(directory)
+        found = checkpoint_layout.latest_complete(os.path.abspath(directory))
     except CheckpointError as exc:
         raise ConfigError(f"--checkpoint-dir-for-init {directory}: {exc}") from exc
     if found is None:
