@@ -46,7 +46,3 @@ class PushRefused(PSError):
 
 class NotReadyError(ElasticKerasError):
     """The peer is not ready yet (e.g. the model is not initialised): wait and retry."""
-
-
-class JobFailedError(ElasticKerasError):
-    """The job ended without training every record; the message says why."""

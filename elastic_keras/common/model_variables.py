@@ -1,8 +1,8 @@
 """Names for a Keras model's variables that every process computes alike.
 
 The name of a variable is its Keras path ("dense/kernel"); a path that repeats gets a
-"#2", "#3" ... suffix in the order of `model.weights`. The same module builds the same
-names in a worker, the master and a parameter server's checkpoint reader.
+"#2", "#3" ... suffix in the order of `model.weights`. Workers name what they push with
+it, and the master's export finds the shards' values by it.
 """
 
 
