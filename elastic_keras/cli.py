@@ -41,8 +41,8 @@ def build_parser():
     scale.add_argument("--num-workers", required=True, type=int, metavar="N",
                        help="Workers to run from now on (at least 1).")
     scale.add_argument("--master-addr", default="", metavar="HOST:PORT",
-                       help="The master's address (default: found by job name among the "
-                       "jobs running on this machine).")
+                       help="The master's address (default: the one its master recorded on "
+                       "this machine, with the job's credential).")
     scale.set_defaults(func=_run_scale)
     data_command.register(commands)
     return parser
@@ -59,11 +59,13 @@ def _run_scale(args):
               f"Received: {args.num_workers}", file=sys.stderr)
         return 2
     try:
-        address = args.master_addr or job_locator.find(args.job_name)["address"]
+        entry = job_locator.find(args.job_name)  # the job's credential is recorded there
     except ConfigError as exc:
-        print(f"elastic-keras scale: error: {exc}", file=sys.stderr)
+        print(f"elastic-keras scale: error: {exc} The job's credential is kept where its "
+              "master runs: run this command on that machine, as its user.", file=sys.stderr)
         return 2
-    client = MasterClient(address, deadline_s=10.0)
+    address = args.master_addr or entry["address"]
+    client = MasterClient(address, deadline_s=10.0, token=entry.get("credential") or None)
     try:
         answer = client.scale(args.job_name, args.num_workers)
     except grpc.RpcError as exc:

@@ -10,7 +10,7 @@ os.umask(_UMASK)
 
 
 @contextlib.contextmanager
-def atomic_write(path, mode="wb"):
+def atomic_write(path, mode="wb", private=False):
     """Opens a temporary file beside `path` and moves it onto `path` when the block succeeds.
 
     The temporary file is hidden (its name starts with a dot) and lives in the same directory,
@@ -22,6 +22,7 @@ def atomic_write(path, mode="wb"):
     Args:
         path: the file to create or replace.
         mode: `"wb"` for bytes or `"w"` for text (UTF-8, `"\\n"` line endings).
+        private: only the owner may read the file (mode 0600), as for credentials.
 
     Raises:
         OSError: the directory cannot be written.
@@ -34,7 +35,8 @@ def atomic_write(path, mode="wb"):
     directory, name = os.path.split(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0o600; give the usual permissions.
+        if not private:  # mkstemp makes 0o600; give the usual permissions.
+            os.fchmod(fd, 0o666 & ~_UMASK)
         text = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
         with os.fdopen(fd, mode, **text) as f:
             yield f

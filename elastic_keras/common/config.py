@@ -288,6 +288,10 @@ class PSConfig:
         help="The lowest version this shard starts at, from a checkpoint or a new model (a "
         "relaunched shard: the highest it had reached), so versions never go backwards.",
     )
+    secret_file: str = flag(
+        "", help="A file only this user can read, holding the job's secret: the shard checks "
+        "every caller's credential with it. The master's engine provides it."
+    )
     log_level: str = _shared("log_level")
 
     def __post_init__(self):
@@ -316,6 +320,10 @@ class WorkerConfig:
     transfer: TransferOptions = _shared("transfer")
     overlap: bool = flag(False, help="Push and pull in the background while computing.")
     job_name: str = _shared("job_name")
+    credential_file: str = flag(
+        "", help="A file only this user can read, holding this worker's credential. The "
+        "master's engine provides it."
+    )
     log_level: str = _shared("log_level")
 
     def __post_init__(self):

@@ -17,12 +17,13 @@ _IDEMPOTENT = (
 
 
 class MasterClient:
-    """Calls the master at `address` ("host:port"); every call has a deadline."""
+    """Calls the master at `address` ("host:port"); every call has a deadline and carries
+    credential `token` (see `auth`) when given."""
 
-    def __init__(self, address, deadline_s=rpc.DEFAULT_DEADLINE_S):
+    def __init__(self, address, deadline_s=rpc.DEFAULT_DEADLINE_S, token=None):
         self.address = address
         self._channel = rpc.create_channel(
-            address, "elastic_keras.Master", _IDEMPOTENT, deadline_s
+            address, "elastic_keras.Master", _IDEMPOTENT, deadline_s, token
         )
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 

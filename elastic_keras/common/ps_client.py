@@ -58,14 +58,15 @@ class PSClient:
         deadline_s: the deadline of every call.
         transfer: the `TransferOptions` of what this client sends (gradients); what it
             pulls comes as the shards' own options say.
+        token: the caller's credential (see `auth`), sent with every call.
     """
 
     def __init__(self, addresses, deadline_s=rpc.DEFAULT_DEADLINE_S,
-                 transfer=tensor_stream.TransferOptions()):
+                 transfer=tensor_stream.TransferOptions(), token=None):
         self.addresses = list(addresses)
         self.transfer = transfer
         self._channels = [
-            rpc.create_channel(a, "elastic_keras.PServer", _IDEMPOTENT, deadline_s)
+            rpc.create_channel(a, "elastic_keras.PServer", _IDEMPOTENT, deadline_s, token)
             for a in self.addresses
         ]
         self._stubs = [rpc.Stub(c, tensor_stream.PSERVER) for c in self._channels]

@@ -23,6 +23,7 @@ from concurrent import futures
 import grpc
 from google.protobuf import message_factory
 
+from elastic_keras.common.auth import ClientAuth
 from elastic_keras.proto import transfer_pb2
 
 MAX_MESSAGE_BYTES = 1 << 30
@@ -75,8 +76,10 @@ def service_config(service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S):
     return json.dumps({"methodConfig": method_configs})
 
 
-def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S):
-    """An insecure channel to `address` configured for `service` (see `service_config`)."""
+def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S,
+                   token=None):
+    """A channel to `address` configured for `service` (see `service_config`) whose calls
+    carry credential `token` (see `auth`), when given."""
     options = _COMMON_OPTIONS + [
         # A restarted peer (master, parameter server) is found again within seconds.
         ("grpc.initial_reconnect_backoff_ms", 200),
@@ -84,11 +87,13 @@ def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_
         ("grpc.enable_retries", 1),
         ("grpc.service_config", service_config(service, idempotent, deadline_s)),
     ]
-    return grpc.insecure_channel(address, options=options)
+    channel = grpc.insecure_channel(address, options=options)
+    return grpc.intercept_channel(channel, ClientAuth(token)) if token else channel
 
 
-def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16):
-    """Starts a server with every servicer that `add_servicers` (callables) registers.
+def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16, auth=None):
+    """Starts a server with every servicer that `add_servicers` (callables) registers,
+    checking every call's credential with `auth` (a `ServerAuth`) when given.
 
     Returns:
         (server, port): the started server and the port it bound, chosen by the OS when
@@ -98,7 +103,8 @@ def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16):
         OSError: the address cannot be bound.
     """
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), options=_COMMON_OPTIONS
+        futures.ThreadPoolExecutor(max_workers=max_workers), options=_COMMON_OPTIONS,
+        interceptors=[auth] if auth else None,
     )
     for add in add_servicers:
         add(server)

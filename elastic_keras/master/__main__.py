@@ -1,4 +1,4 @@
-"""The master process: `python -m elastic_keras.master` takes the flags of `elastic-keras train`."""
+"""The master process: `python -m elastic_keras.master` takes `elastic-keras train`'s flags."""
 
 import sys
 

@@ -48,8 +48,10 @@ def _alive(pid):
     return True
 
 
-def register(job_name, address, home=""):
-    """Records that this process runs the master of `job_name` at `address`.
+def register(job_name, address, home="", credential=""):
+    """Records that this process runs the master of `job_name` at `address`, with the
+    `credential` its commands (`elastic-keras scale`) call it with, in a file only this
+    user can read.
 
     Never fails the job: an unwritable locator only loses `elastic-keras scale` by name.
     """
@@ -62,13 +64,13 @@ def register(job_name, address, home=""):
                 "scale --job-name %s` now reaches this one.", old["pid"], old.get("address"),
                 job_name, job_name,
             )
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_write(path, "w") as f:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with atomic_write(path, "w", private=True) as f:
             json.dump({"job_name": job_name, "address": address, "pid": os.getpid(),
-                       "started": time.time()}, f)
+                       "started": time.time(), "credential": credential}, f)
     except OSError as exc:
-        logger.warning("Could not record the job in %s (%s); `elastic-keras scale` will need "
-                       "--master-addr.", path, exc)
+        logger.warning("Could not record the job in %s (%s); `elastic-keras scale` cannot "
+                       "reach it.", path, exc)
 
 
 def unregister(job_name, home=""):
@@ -95,7 +97,7 @@ def find(job_name, home=""):
     state = "its master has exited" if entry else "no master of that name has run here"
     raise ConfigError(
         f"No running job named {job_name!r} on this machine ({state}). Running jobs: "
-        f"{', '.join(running) or 'none'}. Pass --master-addr to reach a master elsewhere."
+        f"{', '.join(running) or 'none'}."
     )
 
 

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 
-from elastic_keras.common import rpc
+from elastic_keras.common import auth, rpc
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.master import instance_manager, job_locator
@@ -39,7 +39,7 @@ from elastic_keras.master.membership import Membership
 from elastic_keras.master.reports import Reports
 from elastic_keras.master.resume import start_job
 from elastic_keras.master.roles import Roles
-from elastic_keras.master.servicer import MasterServicer
+from elastic_keras.master.servicer import AUTHORITY, MasterServicer
 from elastic_keras.master.summary import INTERRUPTED, RunFacts, build_summary
 from elastic_keras.master.tensorboard import EventWriter
 from elastic_keras.master.watchdog import stop_unresponsive_roles
@@ -69,7 +69,8 @@ class Master:
         self.config = config
         self.spec = spec
         self.console = console or Console(show_role_info=config.log_level == "debug")
-        self.roles = Roles(config, engine) if engine else None
+        self._secret = auth.new_secret()  # this run's: every role's credential comes from it
+        self.roles = Roles(config, engine, self._secret) if engine else None
         self.membership = Membership(config.num_ps)
         self.evaluations = Evaluations(spec.eval_metrics_fn, config.evaluation_steps)
         self.reports = Reports(self.membership, self.evaluations)
@@ -103,6 +104,13 @@ class Master:
         waiting, running = self.tasks.training_load()
         return min(self.config.grads_to_wait, len(self.roles.workers()), running + waiting)
 
+    def is_current(self, identity):
+        """Whether worker `identity` is the launch of it that runs now."""
+        return self.roles is not None and self.roles.is_current(identity)
+
+    def _token(self, role):
+        return auth.credential(self._secret, self.config.job_name, auth.Identity(role))
+
     def scale(self, num_workers):
         """Sets the number of workers from now on; returns (previous target, running)."""
         with self._scale_lock:
@@ -119,7 +127,8 @@ class Master:
         self._start(start_job(self.config, self.checkpoints))  # bad data: no launch
         if self.roles is None:
             self.roles = Roles(self.config, instance_manager.create(
-                self.config.engine, self.config, on_line=self.console.role_line))
+                self.config.engine, self.config, on_line=self.console.role_line),
+                self._secret)
         if self.config.output:
             self.evaluations.events = EventWriter(os.path.join(self.config.output,
                                                                "tensorboard"))
@@ -160,9 +169,11 @@ class Master:
         server, port = rpc.create_server(
             [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), s)],
             self.config.host, self.config.port,
+            auth=auth.ServerAuth(auth.Verifier(self._secret, self.config.job_name), AUTHORITY),
         )
         self.roles.master_address = f"{self.config.host}:{port}"
-        job_locator.register(self.config.job_name, self.roles.master_address)
+        job_locator.register(self.config.job_name, self.roles.master_address,
+                             credential=self._token(auth.Role.CLIENT))
         logger.info("Job %s: master at %s", self.config.job_name, self.roles.master_address)
         return server
 
@@ -189,7 +200,8 @@ class Master:
                                f"{PS_REGISTRATION_TIMEOUT_S:.0f} s; see their logs")
                 return False
             time.sleep(0.05)
-        self._ps_client = PSClient(self.membership.ps_addresses()[1])
+        self._ps_client = PSClient(self.membership.ps_addresses()[1],
+                                   token=self._token(auth.Role.MASTER))
         return True
 
     def _loop(self):

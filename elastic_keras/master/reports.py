@@ -67,8 +67,20 @@ class Reports:
                         task.task_id)
         return task
 
+    def _another_workers(self, worker_id, task_id):
+        """Whether `task_id` runs on a worker other than `worker_id` (logged: a worker
+        reports only on its own tasks; reports on tasks no longer running are ignored)."""
+        holder = self.tasks.holder(task_id)
+        if holder is None or holder == worker_id:
+            return False
+        logger.warning("Worker %d reported on task %d, which worker %d runs; ignored",
+                       worker_id, task_id, holder)
+        return True
+
     def report_progress(self, worker_id, task_id, records_done, loss, model_version,
                         minibatches=0):
+        if self._another_workers(worker_id, task_id):
+            return
         self.note_version(model_version)
         if minibatches:
             self.pushes.report(task_id, worker_id, minibatches)
@@ -79,6 +91,8 @@ class Reports:
     def report_task_result(self, worker_id, task_id, records_done, error, loss,
                            model_version, metric_states, abandoned=False, minibatches=0,
                            dropped=None):
+        if self._another_workers(worker_id, task_id):
+            return
         self.note_version(model_version)
         if minibatches or dropped:
             self.pushes.report(task_id, worker_id, minibatches, dropped)

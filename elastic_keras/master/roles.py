@@ -7,6 +7,7 @@ Mechanism only: the master's loop decides when a role starts, is relaunched or i
 import threading
 import time
 
+from elastic_keras.common import auth
 from elastic_keras.common.config import to_argv
 from elastic_keras.master.instance_manager import RoleId, RoleSpec, RoleType
 
@@ -20,25 +21,42 @@ class Roles:
     Args:
         config: the job's `JobConfig`.
         engine: the `InstanceManager` that runs the roles.
+        secret: the job's secret: a shard gets it (to check its callers), a worker only its
+            own credential, made for each launch of it (see `auth`).
     """
 
-    def __init__(self, config, engine):
+    def __init__(self, config, engine, secret):
         self.config = config
         self.engine = engine
         self.master_address = ""  # set once the master serves
         self.leaving = set()      # ids of workers stopped by scaling down
         self.failed_exits = []    # `RoleExit`s of roles that did not end well, in this run
+        self._secret = secret
+        self._incarnations = {}   # worker id -> its current launch (0 first)
+        self._lock = threading.Lock()
 
     def start_ps(self, ps_id, port=0, restore_from="", min_version=0):
         config = self.config.ps_config(ps_id, self.master_address, port, restore_from,
                                        min_version)
         self.engine.start(RoleSpec(RoleId(RoleType.PS, ps_id), "elastic_keras.ps",
-                                   tuple(to_argv(config))))
+                                   tuple(to_argv(config)),
+                                   files=(("--secret-file", self._secret),)))
 
     def start_worker(self, worker_id):
+        with self._lock:
+            incarnation = self._incarnations.get(worker_id, -1) + 1
+            self._incarnations[worker_id] = incarnation
+        identity = auth.Identity(auth.Role.WORKER, worker_id, incarnation)
+        token = auth.credential(self._secret, self.config.job_name, identity)
         config = self.config.worker_config(worker_id, self.master_address)
         self.engine.start(RoleSpec(RoleId(RoleType.WORKER, worker_id), "elastic_keras.worker",
-                                   tuple(to_argv(config))))
+                                   tuple(to_argv(config)),
+                                   files=(("--credential-file", token.encode()),)))
+
+    def is_current(self, identity):
+        """Whether `identity` is the running launch of its worker (not one it replaced)."""
+        with self._lock:
+            return self._incarnations.get(identity.index) == identity.incarnation
 
     def workers(self):
         """Ids of the running workers that are not leaving, in order."""

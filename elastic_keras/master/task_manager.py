@@ -138,6 +138,12 @@ class TaskManager:
     def _training_complete_locked(self):
         return not self._todo and not self._training_running_locked()
 
+    def holder(self, task_id):
+        """The worker running task `task_id`, or None when it is not running."""
+        with self._lock:
+            running = self._doing.get(task_id)
+            return running.worker_id if running else None
+
     def running_tasks(self):
         with self._lock:
             return self._doing.held()

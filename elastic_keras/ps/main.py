@@ -28,16 +28,16 @@ import time
 
 import grpc
 
-from elastic_keras.common import rpc
+from elastic_keras.common import auth, rpc
 from elastic_keras.common.config import PSConfig, parse_argv
-from elastic_keras.common.errors import CheckpointError
+from elastic_keras.common.errors import CheckpointError, ConfigError
 from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
-from elastic_keras.ps.servicer import PServerServicer, add_to_server
+from elastic_keras.ps.servicer import AUTHORITY, PServerServicer, add_to_server
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,11 @@ def run(config, stop):
         lr_staleness_modulation=config.lr_staleness_modulation,
         round_timeout_s=config.sync_round_timeout_s,
     )
+    try:
+        secret = auth.read_private(config.secret_file, "--secret-file")
+    except ConfigError as exc:
+        logger.error("Cannot start: %s (the master's engine passes --secret-file)", exc)
+        return RoleExitCode.BAD_INPUT
     parameters = Parameters(policy, config.min_version)
     if config.restore_from and not _restore(config, parameters):
         return RoleExitCode.BAD_INPUT
@@ -86,13 +91,15 @@ def run(config, stop):
         [lambda s: add_to_server(servicer, s)],
         config.host,
         config.port,
+        auth=auth.ServerAuth(auth.Verifier(secret, config.job_name), AUTHORITY),
     )
     address = f"{config.host}:{port}"
     logger.info(
         "Parameter server %d of %d (job %s) serving on %s; sends %s.",
         config.ps_id, config.num_ps, config.job_name, address, transfer,
     )
-    master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S)
+    token = auth.credential(secret, config.job_name, auth.Identity(auth.Role.PS, config.ps_id))
+    master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S, token=token)
     try:
         return _keep_in_touch(config, address, parameters, master, stop)
     finally:

@@ -23,7 +23,7 @@ import os
 
 import grpc
 
-from elastic_keras.common import rpc
+from elastic_keras.common import auth, rpc
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
@@ -36,6 +36,31 @@ logger = logging.getLogger(__name__)
 MAX_ROUND_WAIT_S = 50.0
 # The longest a checkpoint may hold pushes back (PrepareCheckpoint.hold_s).
 MAX_HOLD_S = 120.0
+
+
+# Who may call what (see `auth.ServerAuth`): workers train, the master checkpoints and
+# exports (reading values and rows); nobody else calls a shard.
+AUTHORITY = {
+    "InitModel": {auth.Role.WORKER},
+    "PullDense": {auth.Role.WORKER, auth.Role.MASTER},
+    "PullDenseStream": {auth.Role.WORKER, auth.Role.MASTER},
+    "PushGradients": {auth.Role.WORKER},
+    "PushGradientsStream": {auth.Role.WORKER},
+    "PullEmbedding": {auth.Role.WORKER, auth.Role.MASTER},
+    "PullTable": {auth.Role.MASTER},
+    "PrepareCheckpoint": {auth.Role.MASTER},
+    "SaveCheckpoint": {auth.Role.MASTER},
+    "ReleaseCheckpoint": {auth.Role.MASTER},
+}
+
+
+def bind_worker(context, worker_id):
+    """Aborts the call with PERMISSION_DENIED unless its caller is worker `worker_id` (a
+    server without `auth.ServerAuth`, in tests, binds nothing)."""
+    caller = auth.caller(context)
+    if caller is not None and caller.index != worker_id:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      f"{caller.name} may not act as worker {worker_id}")
 
 
 def add_to_server(servicer, server):
@@ -73,6 +98,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         self._last_save = (None, None)  # (request, response) of the last SaveCheckpoint
 
     def InitModel(self, request, context):
+        if request.HasField("worker_id"):
+            bind_worker(context, request.worker_id)
         with _abort_on_domain_errors(context, "InitModel"):
             result = self._parameters.init_model(
                 _decode_all(request.dense), request.optimizer_config,
@@ -110,6 +137,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                                             self._transfer, result.incarnation)
 
     def _push(self, header, gradients, context, method):
+        bind_worker(context, header.worker_id)
         held = self._parameters.held(header.worker_id, header.sequence)
         if held is not None:  # answered before the gradients are decoded
             return pserver_pb2.PushGradientsResponse(

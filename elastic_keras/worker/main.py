@@ -17,7 +17,9 @@ import time
 
 import grpc
 
+from elastic_keras.common import auth
 from elastic_keras.common.config import WorkerConfig, parse_argv
+from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
@@ -116,8 +118,13 @@ def main(argv=None):
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         _leave_on_sigterm(stop)
+    try:
+        token = auth.read_private(config.credential_file, "--credential-file").decode()
+    except (ConfigError, UnicodeDecodeError) as exc:
+        logger.error("Cannot start: %s (the master's engine passes --credential-file)", exc)
+        return RoleExitCode.BAD_INPUT
     spec = load_model_spec(config.model_zoo, config.model_def)
-    master = MasterClient(config.master_addr)
+    master = MasterClient(config.master_addr, token=token)
     master.register_worker(config.worker_id)
     heartbeat = Heartbeat(master, config.worker_id)
     heartbeat.start()
@@ -127,7 +134,7 @@ def main(argv=None):
         if addresses is None:
             logger.info("Worker %d told to stop before it started", config.worker_id)
             return 0
-        ps_client = PSClient(addresses, transfer=config.transfer)
+        ps_client = PSClient(addresses, transfer=config.transfer, token=token)
         logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
                     config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,

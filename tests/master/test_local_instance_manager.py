@@ -36,6 +36,11 @@ MODULES = {
         print("ready", flush=True)
         time.sleep(600)
     """,
+    "show_file": """
+        import os, sys
+        path = sys.argv[sys.argv.index("--key-file") + 1]
+        print(oct(os.stat(path).st_mode & 0o777), open(path).read(), flush=True)
+    """,
     "stubborn": """
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -285,3 +290,16 @@ def test_roles_die_with_a_killed_parent(modules, tmp_path):
             os.kill(child, signal.SIGKILL)
             pytest.fail(f"role pid {child} outlived its killed parent")
         time.sleep(0.05)
+
+
+def test_private_files_reach_the_role_owner_only_and_go_with_the_engine(engine, lines):
+    spec = RoleSpec(RoleId(RoleType.WORKER, 4), "show_file", ("--x", "1"),
+                    files=(("--key-file", b"not-on-the-command-line"),))
+    engine.start(spec)
+    assert _poll_until_exit(engine)[0].exit_code == 0
+    (line,) = [line for line in lines.of("worker-4") if line.startswith("0o")]
+    assert line == "0o600 not-on-the-command-line"
+    private_dir = engine._private_dir
+    assert os.stat(private_dir).st_mode & 0o777 == 0o700
+    engine.stop_all(grace_s=1.0)
+    assert not os.path.exists(private_dir)

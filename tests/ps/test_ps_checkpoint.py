@@ -23,6 +23,7 @@ from elastic_keras.ps.checkpoint import load_shards, save_shard
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer, add_to_server
 from elastic_keras.ps.shard_types import DUPLICATE, Push, TableConfig
+from tests.credentials import job_keys
 
 DIM = 3
 TABLES = (TableConfig("user", DIM), TableConfig("item", 2, input_dim=1000))
@@ -392,13 +393,16 @@ def test_run_restores_before_serving_and_registering(tmp_path, monkeypatch, capl
     original = new_shard(initial_values(), "adam")
     train(original, seed=1, steps=2)
     path = save_one(original, tmp_path)
+    keys = job_keys(tmp_path)
     config = parse_argv(PSConfig, ["--ps-id", "0", "--num-ps", "1", "--master-addr",
-                                   "127.0.0.1:1", "--restore-from", path])
+                                   "127.0.0.1:1", "--restore-from", path,
+                                   "--secret-file", keys.secret_file])
     seen = {}
 
     def keep_in_touch(config, address, parameters, master, stop):
         # What a worker finds once the shard has registered: the restored model.
-        channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
+        channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30,
+                                     token=keys.token("worker", 0))
         stub = rpc.Stub(channel, tensor_stream.PSERVER)
         seen["init"] = stub.InitModel(pserver_pb2.InitModelRequest(
             dense=[tensor_codec.encode(n, v) for n, v in initial_values(seed=3).items()],
@@ -424,7 +428,8 @@ def test_run_exits_2_when_the_checkpoint_cannot_be_restored(tmp_path, monkeypatc
     os.remove(os.path.join(path, "ps-0-of-1.ckpt"))
     monkeypatch.setattr(ps_main, "_keep_in_touch",
                         lambda *args: pytest.fail("a bad checkpoint must stop the start-up"))
-    config = PSConfig(ps_id=0, num_ps=1, master_addr="127.0.0.1:1", restore_from=path)
+    config = PSConfig(ps_id=0, num_ps=1, master_addr="127.0.0.1:1", restore_from=path,
+                      secret_file=job_keys(tmp_path).secret_file)
     assert ps_main.run(config, threading.Event()) == RoleExitCode.BAD_INPUT == 2
     assert f"Cannot restore shard 0 of 1 from --restore-from {path}" in caplog.text
     assert "ps-0-of-1.ckpt cannot be read" in caplog.text

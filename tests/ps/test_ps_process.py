@@ -8,16 +8,18 @@ import sys
 import threading
 import time
 
+import grpc
 import keras
 import numpy as np
 import pytest
 
 from elastic_keras.common.exit_codes import RoleExitCode
-from elastic_keras.common import rpc
+from elastic_keras.common import auth, rpc
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.config import PSConfig
 from elastic_keras.proto import master_pb2, master_pb2_grpc, pserver_pb2
 from elastic_keras.ps import main as ps_main
+from tests.credentials import job_keys
 
 START_TIMEOUT_S = 60
 
@@ -69,7 +71,12 @@ def master():
 
 
 @pytest.fixture
-def start_ps(tmp_path):
+def keys(tmp_path):
+    return job_keys(tmp_path, "ps-test")
+
+
+@pytest.fixture
+def start_ps(tmp_path, keys):
     """Starts `python -m elastic_keras.ps` against a master; kills what is left at the end."""
     started = []
 
@@ -77,7 +84,8 @@ def start_ps(tmp_path):
         log = open(tmp_path / f"ps{len(started)}.log", "w+")
         process = subprocess.Popen(
             [sys.executable, "-m", "elastic_keras.ps", "--ps-id", "0", "--num-ps", "1",
-             "--master-addr", master_address, "--job-name", "ps-test"],
+             "--master-addr", master_address, "--job-name", "ps-test",
+             "--secret-file", keys.secret_file],
             stdout=log, stderr=subprocess.STDOUT,
         )
         process.log = log
@@ -114,13 +122,36 @@ def wait_exit(process, timeout_s):
 
 
 @pytest.mark.slow
-def test_ps_registers_serves_reports_its_version_and_exits_when_job_finishes(master, start_ps):
+def test_ps_registers_serves_reports_its_version_and_exits_when_job_finishes(
+        master, start_ps, keys):
     process = start_ps(master.address)
     address = registered_address(master, process)
     host, port = address.rsplit(":", 1)
     assert host == "127.0.0.1" and int(port) > 0
 
-    channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
+    # Only the job's roles get in, each to what its role may call.
+    for token, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                        (auth.credential(auth.new_secret(), "ps-test",  # another job's
+                                         auth.Identity(auth.Role.WORKER, 0)),
+                         grpc.StatusCode.UNAUTHENTICATED),
+                        (keys.token("master"), grpc.StatusCode.PERMISSION_DENIED)):
+        channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30,
+                                     token=token)
+        with pytest.raises(grpc.RpcError) as refused:
+            rpc.Stub(channel, tensor_stream.PSERVER).PushGradients(
+                pserver_pb2.PushGradientsRequest(worker_id=0, sequence=1))
+        assert refused.value.code() == code
+        channel.close()
+    channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30,
+                                 token=keys.token("worker", 1))
+    with pytest.raises(grpc.RpcError) as refused:  # worker 1 pushing as worker 0
+        rpc.Stub(channel, tensor_stream.PSERVER).PushGradients(
+            pserver_pb2.PushGradientsRequest(worker_id=0, sequence=1))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    channel.close()
+
+    channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30,
+                                 token=keys.token("worker", 0))
     stub = rpc.Stub(channel, tensor_stream.PSERVER)
     assert not stub.PullDense(pserver_pb2.PullDenseRequest(known_version=-1)).initialized
     sgd = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(1.0)))
@@ -167,27 +198,29 @@ def quick_master_checks(monkeypatch):
     monkeypatch.setattr(ps_main, "HEARTBEAT_INTERVAL_S", 0.1)
 
 
-def in_process_config(master):
-    return PSConfig(ps_id=0, num_ps=1, master_addr=master.address)
+def in_process_config(master, keys):
+    return PSConfig(ps_id=0, num_ps=1, master_addr=master.address, job_name="ps-test",
+                    secret_file=keys.secret_file)
 
 
-def test_run_gives_up_when_no_master_ever_answers(master, quick_master_checks, caplog):
+def test_run_gives_up_when_no_master_ever_answers(master, keys, quick_master_checks, caplog):
     master.server.stop(0)
     started = time.monotonic()
-    assert ps_main.run(in_process_config(master), threading.Event()) == RoleExitCode.MASTER_LOST
+    assert (ps_main.run(in_process_config(master, keys), threading.Event())
+            == RoleExitCode.MASTER_LOST)
     assert 3.0 <= time.monotonic() - started < 15.0
     assert "it is gone" in caplog.text
 
 
 def test_run_re_registers_with_a_restarted_master_and_stops_when_told(
-    master, quick_master_checks, monkeypatch
+    master, keys, quick_master_checks, monkeypatch
 ):
     # Long enough that a loaded machine restarts the master before the PS gives up on it.
     monkeypatch.setattr(ps_main, "MASTER_LOST_S", 20.0)
     stop = threading.Event()
     result = []
     thread = threading.Thread(
-        target=lambda: result.append(ps_main.run(in_process_config(master), stop))
+        target=lambda: result.append(ps_main.run(in_process_config(master, keys), stop))
     )
     thread.start()
     address = master.registrations.get(timeout=10)[1]

@@ -36,11 +36,18 @@ class RoleId:
 
 @dataclasses.dataclass(frozen=True)
 class RoleSpec:
-    """What to run: `python -m <module> <args...>` as role `role`."""
+    """What to run: `python -m <module> <args...>` as role `role`.
+
+    `files` are `(flag, bytes)` pairs: private files the role reads at start (its
+    credentials). The engine delivers each where only the role's user can read it (a file
+    of mode 0600 locally, a Secret on Kubernetes) and adds `flag PATH` to the command line;
+    their content never appears on a command line.
+    """
 
     role: RoleId
     module: str
     args: tuple
+    files: tuple = ()
 
     @property
     def name(self):

@@ -11,12 +11,15 @@ runs again.
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
+from elastic_keras.common.auth import write_private
 from elastic_keras.master.instance_manager.api import InstanceManager, RoleExit, RoleSpec
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ class LocalInstanceManager(InstanceManager):
         self._on_line = on_line or (lambda name, line: None)
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **config.env}
         self._procs: dict[str, tuple[RoleSpec, subprocess.Popen, threading.Thread]] = {}
+        self._private_dir = None  # the roles' private files (see `RoleSpec.files`)
         self._lock = threading.Lock()
         if self._log_dir:
             os.makedirs(self._log_dir, exist_ok=True)
@@ -82,8 +86,9 @@ class LocalInstanceManager(InstanceManager):
         with self._lock:
             if spec.name in self._procs:
                 raise ValueError(f"Role {spec.name} is already running.")
+            args = self._deliver(spec)
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, str(os.getpid()), spec.module, *spec.args],
+                [sys.executable, "-c", _BOOTSTRAP, str(os.getpid()), spec.module, *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -96,6 +101,19 @@ class LocalInstanceManager(InstanceManager):
             pump.start()
             self._procs[spec.name] = (spec, proc, pump)
         logger.info("Started %s (pid %d)", spec.name, proc.pid)
+
+    def _deliver(self, spec):
+        """The role's arguments, with its private files written and their flags added."""
+        if not spec.files:
+            return spec.args
+        if self._private_dir is None:
+            self._private_dir = tempfile.mkdtemp(prefix="elastic-keras-")  # mode 0700
+        args = list(spec.args)
+        for flag, data in spec.files:
+            path = os.path.join(self._private_dir, f"{spec.name}{flag.replace('-', '_')}")
+            write_private(path, data)
+            args += [flag, path]
+        return tuple(args)
 
     def _pump(self, name, proc):
         log_file = None
@@ -149,6 +167,9 @@ class LocalInstanceManager(InstanceManager):
             procs = [proc for _, proc, _ in self._procs.values()]
         self._terminate(procs, grace_s)
         self.poll()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
 
     @staticmethod
     def _terminate(procs, grace_s):
