@@ -52,6 +52,7 @@ def _run_scale(args):
     import grpc
 
     from elastic_keras.common.master_client import MasterClient
+    from elastic_keras.common.tls import TlsMaterial
     from elastic_keras.master import job_locator
 
     if args.num_workers < 1:
@@ -65,7 +66,11 @@ def _run_scale(args):
               "master runs: run this command on that machine, as its user.", file=sys.stderr)
         return 2
     address = args.master_addr or entry["address"]
-    client = MasterClient(address, deadline_s=10.0, token=entry.get("credential") or None)
+    material = entry.get("tls") and TlsMaterial(
+        entry["tls"]["ca"].encode(), entry["tls"]["cert"].encode(),
+        entry["tls"]["key"].encode(), entry["tls"]["target_name"])
+    client = MasterClient(address, deadline_s=10.0, token=entry.get("credential") or None,
+                          tls=material or None)
     try:
         answer = client.scale(args.job_name, args.num_workers)
     except grpc.RpcError as exc:

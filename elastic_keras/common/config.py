@@ -30,6 +30,7 @@ from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, check_fields, fla
 from elastic_keras.common.flags import (  # noqa: F401
     add_arguments, from_namespace, normalize_flags, parse_argv, to_argv,
 )
+from elastic_keras.common.tls import is_loopback, target_name as tls_target
 from elastic_keras.common.transfer.tensor_stream import TransferOptions
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -205,10 +206,22 @@ class JobConfig:
     port: int = flag(0, help="Master port; 0 picks a free one.", bound=NON_NEGATIVE)
     engine: str = flag("local", help="What runs the parameter servers and workers: local "
                        "(subprocesses of the master, on this machine).")
+    tls: str = flag(
+        "off", choices=("off", "auto"),
+        help="TLS between the job's roles. auto: the master makes a certificate authority for "
+        "this job alone and a certificate for every role, all mutually authenticated. "
+        "Required (or --tls-cert/--tls-key/--tls-ca) when --host is not a loopback address.",
+    )
+    tls_cert: str = flag("", help="Your own PEM certificate, presented by every role (with "
+                         "--tls-key and --tls-ca instead of --tls auto).")
+    tls_key: str = flag("", help="The PEM private key of --tls-cert.")
+    tls_ca: str = flag("", help="The PEM certificate of the CA that signed --tls-cert; roles "
+                       "accept only peers it signed.")
     log_level: str = _shared("log_level")
 
     def __post_init__(self):
         check_fields(self)
+        _check_tls(self)
         _requires(self, "checkpoint_steps", "checkpoint_dir")
         _requires(self, "evaluation_steps", "validation_data")
         if self.use_async and self.grads_to_wait:
@@ -232,18 +245,43 @@ class JobConfig:
     def records_per_task(self):
         return self.minibatch_size * self.num_minibatches_per_task
 
+    @property
+    def tls_target_name(self):
+        """The name the job's certificates carry with --tls auto ("" otherwise: hosts)."""
+        return tls_target(self.job_name) if self.tls == "auto" else ""
+
     def ps_config(self, ps_id, master_addr, port=0, restore_from="", min_version=0):
         """The config of parameter server `ps_id`: the job's shared flags, and these."""
         return _role_config(PSConfig, self, ps_id=ps_id, master_addr=master_addr, port=port,
-                            restore_from=restore_from, min_version=min_version)
+                            restore_from=restore_from, min_version=min_version,
+                            tls_target_name=self.tls_target_name)
 
     def worker_config(self, worker_id, master_addr):
         """The config of worker `worker_id`: the job's shared flags, and these."""
         return _role_config(
             WorkerConfig, self, worker_id=worker_id, master_addr=master_addr,
-            sync=self.grads_to_wait > 0,
+            tls_target_name=self.tls_target_name, sync=self.grads_to_wait > 0,
             overlap=(self.overlap_communication and not self.grads_to_wait
                      and not self.max_staleness),
+        )
+
+
+def _check_tls(job):
+    """TLS settings that fit together, and TLS whenever a role binds beyond loopback."""
+    own = {"--tls-cert": job.tls_cert, "--tls-key": job.tls_key, "--tls-ca": job.tls_ca}
+    given = [flag for flag, value in own.items() if value]
+    if given and len(given) < 3:
+        missing = sorted(set(own) - set(given))
+        raise ConfigError(f"{', '.join(given)} needs {' and '.join(missing)} as well. "
+                          f"Received: {' '.join(f'{f} {own[f]}' for f in given)}")
+    if given and job.tls == "auto":
+        raise ConfigError("--tls auto makes the job's certificates; it excludes --tls-cert, "
+                          "--tls-key and --tls-ca. Received: both")
+    if not is_loopback(job.host) and job.tls == "off" and not given:
+        raise ConfigError(
+            f"--host {job.host} lets other machines reach the job's roles, which then need "
+            "TLS: add --tls auto (a certificate authority for this job alone) or your own "
+            f"--tls-cert/--tls-key/--tls-ca. Received: --host {job.host} with --tls off"
         )
 
 
@@ -292,6 +330,11 @@ class PSConfig:
         "", help="A file only this user can read, holding the job's secret: the shard checks "
         "every caller's credential with it. The master's engine provides it."
     )
+    tls_ca: str = flag("", help="TLS: the job CA's PEM certificate (the engine provides it).")
+    tls_cert: str = flag("", help="TLS: this role's PEM certificate (the engine provides it).")
+    tls_key: str = flag("", help="TLS: this role's PEM key (the engine provides it).")
+    tls_target_name: str = flag("", help="TLS: the name peers' certificates carry; empty: "
+                                "the host they are reached at.")
     log_level: str = _shared("log_level")
 
     def __post_init__(self):
@@ -324,6 +367,11 @@ class WorkerConfig:
         "", help="A file only this user can read, holding this worker's credential. The "
         "master's engine provides it."
     )
+    tls_ca: str = flag("", help="TLS: the job CA's PEM certificate (the engine provides it).")
+    tls_cert: str = flag("", help="TLS: this role's PEM certificate (the engine provides it).")
+    tls_key: str = flag("", help="TLS: this role's PEM key (the engine provides it).")
+    tls_target_name: str = flag("", help="TLS: the name peers' certificates carry; empty: "
+                                "the host they are reached at.")
     log_level: str = _shared("log_level")
 
     def __post_init__(self):

@@ -18,12 +18,12 @@ _IDEMPOTENT = (
 
 class MasterClient:
     """Calls the master at `address` ("host:port"); every call has a deadline and carries
-    credential `token` (see `auth`) when given."""
+    credential `token` (see `auth`) when given, over TLS with `tls` when given."""
 
-    def __init__(self, address, deadline_s=rpc.DEFAULT_DEADLINE_S, token=None):
+    def __init__(self, address, deadline_s=rpc.DEFAULT_DEADLINE_S, token=None, tls=None):
         self.address = address
         self._channel = rpc.create_channel(
-            address, "elastic_keras.Master", _IDEMPOTENT, deadline_s, token
+            address, "elastic_keras.Master", _IDEMPOTENT, deadline_s, token, tls
         )
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 

@@ -59,14 +59,15 @@ class PSClient:
         transfer: the `TransferOptions` of what this client sends (gradients); what it
             pulls comes as the shards' own options say.
         token: the caller's credential (see `auth`), sent with every call.
+        tls: the caller's `tls.TlsMaterial` when the job runs TLS.
     """
 
     def __init__(self, addresses, deadline_s=rpc.DEFAULT_DEADLINE_S,
-                 transfer=tensor_stream.TransferOptions(), token=None):
+                 transfer=tensor_stream.TransferOptions(), token=None, tls=None):
         self.addresses = list(addresses)
         self.transfer = transfer
         self._channels = [
-            rpc.create_channel(a, "elastic_keras.PServer", _IDEMPOTENT, deadline_s, token)
+            rpc.create_channel(a, "elastic_keras.PServer", _IDEMPOTENT, deadline_s, token, tls)
             for a in self.addresses
         ]
         self._stubs = [rpc.Stub(c, tensor_stream.PSERVER) for c in self._channels]

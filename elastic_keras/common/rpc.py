@@ -77,9 +77,10 @@ def service_config(service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S):
 
 
 def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_S,
-                   token=None):
+                   token=None, tls=None):
     """A channel to `address` configured for `service` (see `service_config`) whose calls
-    carry credential `token` (see `auth`), when given."""
+    carry credential `token` (see `auth`), when given, over TLS with `tls` (a
+    `tls.TlsMaterial`), when given."""
     options = _COMMON_OPTIONS + [
         # A restarted peer (master, parameter server) is found again within seconds.
         ("grpc.initial_reconnect_backoff_ms", 200),
@@ -87,13 +88,19 @@ def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_
         ("grpc.enable_retries", 1),
         ("grpc.service_config", service_config(service, idempotent, deadline_s)),
     ]
-    channel = grpc.insecure_channel(address, options=options)
+    if tls is not None:
+        channel = grpc.secure_channel(address, tls.channel_credentials(),
+                                      options=options + tls.channel_options())
+    else:
+        channel = grpc.insecure_channel(address, options=options)
     return grpc.intercept_channel(channel, ClientAuth(token)) if token else channel
 
 
-def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16, auth=None):
+def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16, auth=None,
+                  tls=None):
     """Starts a server with every servicer that `add_servicers` (callables) registers,
-    checking every call's credential with `auth` (a `ServerAuth`) when given.
+    checking every call's credential with `auth` (a `ServerAuth`) when given, and serving
+    TLS with client certificates required with `tls` (a `tls.TlsMaterial`) when given.
 
     Returns:
         (server, port): the started server and the port it bound, chosen by the OS when
@@ -108,7 +115,10 @@ def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16, auth=
     )
     for add in add_servicers:
         add(server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is not None:
+        bound = server.add_secure_port(f"{host}:{port}", tls.server_credentials())
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind a gRPC server to {host}:{port}")
     server.start()

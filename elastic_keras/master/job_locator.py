@@ -48,10 +48,10 @@ def _alive(pid):
     return True
 
 
-def register(job_name, address, home="", credential=""):
+def register(job_name, address, home="", credential="", tls=None):
     """Records that this process runs the master of `job_name` at `address`, with the
-    `credential` its commands (`elastic-keras scale`) call it with, in a file only this
-    user can read.
+    `credential` its commands (`elastic-keras scale`) call it with and their `tls` material
+    (a `TlsMaterial`) when the job runs TLS, in a file only this user can read.
 
     Never fails the job: an unwritable locator only loses `elastic-keras scale` by name.
     """
@@ -67,7 +67,10 @@ def register(job_name, address, home="", credential=""):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         with atomic_write(path, "w", private=True) as f:
             json.dump({"job_name": job_name, "address": address, "pid": os.getpid(),
-                       "started": time.time(), "credential": credential}, f)
+                       "started": time.time(), "credential": credential,
+                       "tls": tls and {"ca": tls.ca.decode(), "cert": tls.cert.decode(),
+                                       "key": tls.key.decode(),
+                                       "target_name": tls.target_name}}, f)
     except OSError as exc:
         logger.warning("Could not record the job in %s (%s); `elastic-keras scale` cannot "
                        "reach it.", path, exc)

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 
-from elastic_keras.common import auth, rpc
+from elastic_keras.common import auth, rpc, tls
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.master import instance_manager, job_locator
@@ -70,7 +70,9 @@ class Master:
         self.spec = spec
         self.console = console or Console(show_role_info=config.log_level == "debug")
         self._secret = auth.new_secret()  # this run's: every role's credential comes from it
-        self.roles = Roles(config, engine, self._secret) if engine else None
+        self._authority = None  # the job's own certificate authority, with --tls auto
+        self._tls = None        # this master's TLS material, when the job runs TLS
+        self.roles = Roles(config, engine, self._secret, self._role_tls) if engine else None
         self.membership = Membership(config.num_ps)
         self.evaluations = Evaluations(spec.eval_metrics_fn, config.evaluation_steps)
         self.reports = Reports(self.membership, self.evaluations)
@@ -108,6 +110,21 @@ class Master:
         """Whether worker `identity` is the launch of it that runs now."""
         return self.roles is not None and self.roles.is_current(identity)
 
+    def _make_tls(self):
+        """This master's TLS material: from a CA made for the job (--tls auto), the user's
+        files (--tls-cert/--tls-key/--tls-ca), or None."""
+        config = self.config
+        if config.tls == "auto":
+            self._authority = tls.JobAuthority.create(config.job_name)
+            return self._authority.issue("master")
+        if config.tls_cert:
+            return tls.from_files(config.tls_ca, config.tls_cert, config.tls_key)
+        return None
+
+    def _role_tls(self, name):
+        """The TLS material role `name` gets: its own certificate, or the user's."""
+        return self._authority.issue(name) if self._authority else self._tls
+
     def _token(self, role):
         return auth.credential(self._secret, self.config.job_name, auth.Identity(role))
 
@@ -124,11 +141,12 @@ class Master:
         """Runs the job to its end and returns its `JobSummary` (also written to --output)."""
         started = time.time()
         server = None
-        self._start(start_job(self.config, self.checkpoints))  # bad data: no launch
+        self._tls = self._make_tls()  # bad TLS files or data: nothing launched
+        self._start(start_job(self.config, self.checkpoints))
         if self.roles is None:
             self.roles = Roles(self.config, instance_manager.create(
                 self.config.engine, self.config, on_line=self.console.role_line),
-                self._secret)
+                self._secret, self._role_tls)
         if self.config.output:
             self.evaluations.events = EventWriter(os.path.join(self.config.output,
                                                                "tensorboard"))
@@ -170,10 +188,12 @@ class Master:
             [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), s)],
             self.config.host, self.config.port,
             auth=auth.ServerAuth(auth.Verifier(self._secret, self.config.job_name), AUTHORITY),
+            tls=self._tls,
         )
         self.roles.master_address = f"{self.config.host}:{port}"
         job_locator.register(self.config.job_name, self.roles.master_address,
-                             credential=self._token(auth.Role.CLIENT))
+                             credential=self._token(auth.Role.CLIENT),
+                             tls=self._role_tls("client"))
         logger.info("Job %s: master at %s", self.config.job_name, self.roles.master_address)
         return server
 
@@ -201,7 +221,7 @@ class Master:
                 return False
             time.sleep(0.05)
         self._ps_client = PSClient(self.membership.ps_addresses()[1],
-                                   token=self._token(auth.Role.MASTER))
+                                   token=self._token(auth.Role.MASTER), tls=self._tls)
         return True
 
     def _loop(self):

@@ -23,24 +23,27 @@ class Roles:
         engine: the `InstanceManager` that runs the roles.
         secret: the job's secret: a shard gets it (to check its callers), a worker only its
             own credential, made for each launch of it (see `auth`).
+        tls_for: `tls_for(role name)`: the role's `TlsMaterial`, or None without TLS.
     """
 
-    def __init__(self, config, engine, secret):
+    def __init__(self, config, engine, secret, tls_for=lambda name: None):
         self.config = config
         self.engine = engine
         self.master_address = ""  # set once the master serves
         self.leaving = set()      # ids of workers stopped by scaling down
         self.failed_exits = []    # `RoleExit`s of roles that did not end well, in this run
         self._secret = secret
+        self._tls_for = tls_for
         self._incarnations = {}   # worker id -> its current launch (0 first)
         self._lock = threading.Lock()
 
     def start_ps(self, ps_id, port=0, restore_from="", min_version=0):
         config = self.config.ps_config(ps_id, self.master_address, port, restore_from,
                                        min_version)
-        self.engine.start(RoleSpec(RoleId(RoleType.PS, ps_id), "elastic_keras.ps",
-                                   tuple(to_argv(config)),
-                                   files=(("--secret-file", self._secret),)))
+        role = RoleId(RoleType.PS, ps_id)
+        self.engine.start(RoleSpec(role, "elastic_keras.ps", tuple(to_argv(config)),
+                                   files=(("--secret-file", self._secret),)
+                                   + self._tls_files(role)))
 
     def start_worker(self, worker_id):
         with self._lock:
@@ -49,9 +52,14 @@ class Roles:
         identity = auth.Identity(auth.Role.WORKER, worker_id, incarnation)
         token = auth.credential(self._secret, self.config.job_name, identity)
         config = self.config.worker_config(worker_id, self.master_address)
-        self.engine.start(RoleSpec(RoleId(RoleType.WORKER, worker_id), "elastic_keras.worker",
-                                   tuple(to_argv(config)),
-                                   files=(("--credential-file", token.encode()),)))
+        role = RoleId(RoleType.WORKER, worker_id)
+        self.engine.start(RoleSpec(role, "elastic_keras.worker", tuple(to_argv(config)),
+                                   files=(("--credential-file", token.encode()),)
+                                   + self._tls_files(role)))
+
+    def _tls_files(self, role):
+        material = self._tls_for(role.name)
+        return material.files() if material else ()
 
     def is_current(self, identity):
         """Whether `identity` is the running launch of its worker (not one it replaced)."""

@@ -28,7 +28,7 @@ import time
 
 import grpc
 
-from elastic_keras.common import auth, rpc
+from elastic_keras.common import auth, rpc, tls
 from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.errors import CheckpointError, ConfigError
 from elastic_keras.common.exit_codes import RoleExitCode
@@ -79,8 +79,9 @@ def run(config, stop):
     )
     try:
         secret = auth.read_private(config.secret_file, "--secret-file")
+        material = tls.of_role(config)
     except ConfigError as exc:
-        logger.error("Cannot start: %s (the master's engine passes --secret-file)", exc)
+        logger.error("Cannot start: %s (the master's engine passes these files)", exc)
         return RoleExitCode.BAD_INPUT
     parameters = Parameters(policy, config.min_version)
     if config.restore_from and not _restore(config, parameters):
@@ -92,14 +93,17 @@ def run(config, stop):
         config.host,
         config.port,
         auth=auth.ServerAuth(auth.Verifier(secret, config.job_name), AUTHORITY),
+        tls=material,
     )
     address = f"{config.host}:{port}"
     logger.info(
-        "Parameter server %d of %d (job %s) serving on %s; sends %s.",
-        config.ps_id, config.num_ps, config.job_name, address, transfer,
+        "Parameter server %d of %d (job %s) serving on %s%s; sends %s.",
+        config.ps_id, config.num_ps, config.job_name, address,
+        " over TLS" if material else "", transfer,
     )
     token = auth.credential(secret, config.job_name, auth.Identity(auth.Role.PS, config.ps_id))
-    master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S, token=token)
+    master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S, token=token,
+                          tls=material)
     try:
         return _keep_in_touch(config, address, parameters, master, stop)
     finally:

@@ -17,7 +17,7 @@ import time
 
 import grpc
 
-from elastic_keras.common import auth
+from elastic_keras.common import auth, tls
 from elastic_keras.common.config import WorkerConfig, parse_argv
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.exit_codes import RoleExitCode
@@ -120,11 +120,12 @@ def main(argv=None):
         _leave_on_sigterm(stop)
     try:
         token = auth.read_private(config.credential_file, "--credential-file").decode()
+        material = tls.of_role(config)
     except (ConfigError, UnicodeDecodeError) as exc:
-        logger.error("Cannot start: %s (the master's engine passes --credential-file)", exc)
+        logger.error("Cannot start: %s (the master's engine passes these files)", exc)
         return RoleExitCode.BAD_INPUT
     spec = load_model_spec(config.model_zoo, config.model_def)
-    master = MasterClient(config.master_addr, token=token)
+    master = MasterClient(config.master_addr, token=token, tls=material)
     master.register_worker(config.worker_id)
     heartbeat = Heartbeat(master, config.worker_id)
     heartbeat.start()
@@ -134,7 +135,7 @@ def main(argv=None):
         if addresses is None:
             logger.info("Worker %d told to stop before it started", config.worker_id)
             return 0
-        ps_client = PSClient(addresses, transfer=config.transfer, token=token)
+        ps_client = PSClient(addresses, transfer=config.transfer, token=token, tls=material)
         logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
                     config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,

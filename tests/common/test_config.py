@@ -78,7 +78,7 @@ def test_bad_transfer_flag_exits_2_naming_it(argv, message, capsys):
 
 def test_a_role_config_takes_the_shared_flags_from_the_job():
     job = JobConfig(model_def="m", training_data="d", num_ps=2, job_name="j",
-                    log_level="debug", grads_to_wait=1, host="0.0.0.0", port=7000)
+                    log_level="debug", grads_to_wait=1, host="0.0.0.0", port=7000, tls="auto")
     ps = job.ps_config(1, "127.0.0.1:1", port=9)
     assert (ps.num_ps, ps.job_name, ps.log_level, ps.grads_to_wait, ps.host, ps.port) == (
         2, "j", "debug", 1, "0.0.0.0", 9)
@@ -109,3 +109,24 @@ def test_bad_role_flag_exits_2(capsys):
         config_lib.parse_argv(PSConfig, ["--ps-id", "5", "--num-ps", "1", "--master-addr", "a"])
     assert info.value.code == 2
     assert "--ps-id must be below --num-ps (1). Received: 5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"host": "0.0.0.0"}, r"--host 0.0.0.0 lets other machines reach.*--tls auto.*"
+                          r"Received: --host 0.0.0.0 with --tls off"),
+    ({"host": "10.1.2.3"}, r"need TLS"),
+    ({"tls_cert": "c.pem"}, r"--tls-cert needs --tls-ca and --tls-key as well"),
+    ({"tls": "auto", "tls_cert": "c", "tls_key": "k", "tls_ca": "a"}, r"excludes --tls-cert"),
+    ({"tls": "on"}, r"--tls must be one of"),
+])
+def test_tls_settings_are_checked_before_anything_binds(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        JobConfig(model_def="m.m", training_data="d", **flags)
+
+
+def test_tls_auto_binds_anywhere_and_names_the_jobs_certificates():
+    job = JobConfig(model_def="m.m", training_data="d", host="0.0.0.0", tls="auto",
+                    job_name="My Job")
+    assert job.ps_config(0, "h:1").tls_target_name == "my-job.elastic-keras"
+    assert job.worker_config(0, "h:1").tls_target_name == "my-job.elastic-keras"
+    assert JobConfig(model_def="m.m", training_data="d").worker_config(0, "h:1").tls_ca == ""
