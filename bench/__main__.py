@@ -15,7 +15,9 @@ Suites (see each module's docstring, and bench/README.md for the latest figures)
   scaling out (under 5 minutes; `scaling --quick` runs alone in about a minute);
 - recovery (not in all): seconds from a killed worker or parameter server to the job
   training again (`bench/recovery.py`; `--quick` in about two minutes);
-- census (not in all): the census wide & deep job on the real Adult data (`bench/deepfm.py`).
+- census (not in all): the census wide & deep job on the real Adult data (`bench/deepfm.py`);
+- security (not in all): the same dense and sparse jobs with `--tls auto` and without
+  (`bench/security.py`).
 
 Each part of micro also runs alone: codec, embedding_table, embedding_rows, and transfer
 (every codec and transfer dtype, in ms and bytes on the wire, beside raw gRPC).
@@ -27,7 +29,8 @@ import tempfile
 import time
 
 from bench import (
-    codec, dense, deepfm, embedding_rows, embedding_table, recovery, scaling, transfer,
+    codec, dense, deepfm, embedding_rows, embedding_table, recovery, scaling, security,
+    transfer,
 )
 from bench.common import attempt, emit, run_lines
 
@@ -54,6 +57,7 @@ SUITES = {
 PARTS = {
     "recovery": lambda quick, work_dir: recovery.run(quick),
     "census": lambda quick, work_dir: deepfm.census(),
+    "security": security.run,
     "codec": codec.run,
     "embedding_table": embedding_table.run,
     "embedding_rows": embedding_rows.run,

@@ -97,10 +97,10 @@ def fit_side(data, rows, records, epochs):
                  steady=steady_rate(records, epoch_seconds(started, ends)))
 
 
-def elastic_side(data, rows, ps, epochs, workers=WORKERS):
-    """An elastic_keras job of `workers` workers and `ps` PS: examples/s over every epoch,
-    `first_epoch` over the first (as many examples as the strategy's run) and `steady` over
-    the epochs after the first."""
+def elastic_side(data, rows, ps, epochs, workers=WORKERS, tls="off"):
+    """An elastic_keras job of `workers` workers and `ps` PS (`tls` its --tls): examples/s
+    over every epoch, `first_epoch` over the first (as many examples as the strategy's run)
+    and `steady` over the epochs after the first."""
     import elastic_keras
     from bench.models.deepfm_hashed import ROWS_VARIABLE
 
@@ -108,7 +108,7 @@ def elastic_side(data, rows, ps, epochs, workers=WORKERS):
     summary = elastic_keras.train(
         model_zoo=str(ROOT), model_def=MODEL_DEF, training_data=str(data),
         num_workers=workers, num_ps=ps, minibatch_size=BATCH, num_epochs=epochs,
-        log_level="warning",
+        log_level="warning", tls=tls,
     )
     if summary.status.value != "succeeded":
         raise SystemExit(f"job failed: {summary.error}")
@@ -214,8 +214,8 @@ def main():
     side, *args = sys.argv[1:]
     if side == "fit":
         fit_side(pathlib.Path(args[0]), *map(int, args[1:]))
-    elif side == "elastic":
-        elastic_side(pathlib.Path(args[0]), *map(int, args[1:]))
+    elif side == "elastic":  # DATA ROWS PS EPOCHS [WORKERS [TLS]]
+        elastic_side(pathlib.Path(args[0]), *map(int, args[1:5]), *args[5:6])
     elif side == "census":
         census_side(int(args[0]))
     else:

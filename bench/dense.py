@@ -83,16 +83,17 @@ def fit_side(records, model, batch, epochs):
                       "steady": steady_rate(records, epoch_seconds(started, ends))}))
 
 
-def elastic_side(records, model, batch, epochs, workers):
-    """An elastic_keras job (1 PS); prints {"value": examples/s, "rss": MB, "steady":
-    examples/s of the epochs after the first, from the job summary's per-epoch seconds}."""
+def elastic_side(records, model, batch, epochs, workers, tls="off"):
+    """An elastic_keras job (1 PS; `tls` its --tls); prints {"value": examples/s, "rss": MB,
+    "steady": examples/s of the epochs after the first, from the job summary's per-epoch
+    seconds}."""
     import elastic_keras
 
     model_zoo, model_def = MODELS[model]
     summary = elastic_keras.train(
         model_zoo=model_zoo, model_def=model_def, training_data=str(records / "train"),
         num_workers=workers, num_ps=1, minibatch_size=batch, num_epochs=epochs,
-        log_level="warning",
+        log_level="warning", tls=tls,
     )
     if summary.status.value != "succeeded":
         raise SystemExit(f"job failed: {summary.error}")
@@ -157,4 +158,4 @@ if __name__ == "__main__":
     if side == "fit":
         fit_side(records, model, int(batch), int(epochs))
     else:
-        elastic_side(records, model, int(batch), int(epochs), int(sys.argv[6]))
+        elastic_side(records, model, int(batch), int(epochs), int(sys.argv[6]), *sys.argv[7:8])
