@@ -23,6 +23,7 @@ Example:
 """
 
 import dataclasses
+import os
 
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, check_fields, flag, flag_name
@@ -91,6 +92,12 @@ _SHARED = {
         "as stale before it fails the task.",
     ),
     "transfer": dict(default=TransferOptions()),
+    "checkpoint_dir": dict(
+        default="", help="Where the parameter servers' checkpoints and the master's job state "
+        "go. Running the same command again with the same --job-name and --checkpoint-dir "
+        "resumes the job from its latest checkpoint. Empty: no checkpoints. A shard writes "
+        "only inside it."
+    ),
     "host": dict(default="127.0.0.1", help="Address the master and parameter servers bind to."),
     "log_level": dict(default="info", help="Logging level.", choices=LOG_LEVELS),
 }
@@ -158,11 +165,7 @@ class JobConfig:
         help="Also evaluate --validation-data every this many model versions, with training "
         "paused so every evaluation task sees the same version; 0: after each epoch only.",
     )
-    checkpoint_dir: str = flag(
-        "", help="Where the parameter servers' checkpoints and the master's job state go. "
-        "Running the same command again with the same --job-name and --checkpoint-dir "
-        "resumes the job from its latest checkpoint. Empty: no checkpoints."
-    )
+    checkpoint_dir: str = _shared("checkpoint_dir")
     checkpoint_steps: int = flag(
         0, bound=NON_NEGATIVE,
         help="With --checkpoint-dir: checkpoint every this many model versions, and at the "
@@ -252,9 +255,12 @@ class JobConfig:
 
     def ps_config(self, ps_id, master_addr, port=0, restore_from="", min_version=0):
         """The config of parameter server `ps_id`: the job's shared flags, and these."""
+        # Absolute: a shard's working directory need not be the master's.
+        checkpoint_dir = os.path.abspath(self.checkpoint_dir) if self.checkpoint_dir else ""
         return _role_config(PSConfig, self, ps_id=ps_id, master_addr=master_addr, port=port,
                             restore_from=restore_from, min_version=min_version,
-                            tls_target_name=self.tls_target_name)
+                            tls_target_name=self.tls_target_name,
+                            checkpoint_dir=checkpoint_dir)
 
     def worker_config(self, worker_id, master_addr):
         """The config of worker `worker_id`: the job's shared flags, and these."""
@@ -316,6 +322,7 @@ class PSConfig:
     job_name: str = _shared("job_name")
     host: str = _shared("host")
     port: int = flag(0, help="Port to bind to; 0 picks a free one.", bound=NON_NEGATIVE)
+    checkpoint_dir: str = _shared("checkpoint_dir")
     restore_from: str = flag(
         "", help="A checkpoint directory (CHECKPOINT_DIR/ckpt-N) whose state this shard "
         "starts from, re-sharded when it was written by a different number of parameter "
@@ -343,6 +350,9 @@ class PSConfig:
             raise ConfigError(
                 f"--ps-id must be below --num-ps ({self.num_ps}). Received: {self.ps_id}"
             )
+        if self.checkpoint_dir and not os.path.isabs(self.checkpoint_dir):
+            raise ConfigError("A shard's --checkpoint-dir must be an absolute path. "
+                              f"Received: {self.checkpoint_dir!r}")
 
 
 @dataclasses.dataclass(frozen=True)

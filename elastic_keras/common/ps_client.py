@@ -316,26 +316,28 @@ class PSClient:
             except grpc.RpcError:
                 pass
 
-    def save_checkpoint(self, path, timeout_s=None, checkpoint_id=0, cut=None):
-        """Asks every shard to save its state into the checkpoint directory `path`.
+    def save_checkpoint(self, checkpoint_id, timeout_s=None, cut=None, without_cut=False):
+        """Asks every shard to save its state into checkpoint `checkpoint_id`: the directory
+        `CHECKPOINT_DIR/ckpt-N` of the shard's own `--checkpoint-dir`.
 
         Args:
-            path: the checkpoint's directory (`CHECKPOINT_DIR/ckpt-N`), absolute, as the
-                shards see it.
+            checkpoint_id: the checkpoint's number N (1 or more).
             timeout_s: the deadline of each call (default: the client's).
-            checkpoint_id, cut: the checkpoint `prepare_checkpoint` began and the cut it
-                returned (or a part of it); 0: each shard saves as it is now.
+            cut: the cut `prepare_checkpoint(checkpoint_id, ...)` returned (or a part of it).
+            without_cut: each shard saves as it is now, with no `prepare_checkpoint` before.
 
         Returns:
             The shards' `SaveCheckpointResponse`s (file, bytes, crc32c, model_version), in
             shard order, for the manifest.
 
         Raises:
-            grpc.RpcError: a shard could not save (INVALID_ARGUMENT: a bad path;
-                FAILED_PRECONDITION: not initialised; INTERNAL: the write failed).
+            grpc.RpcError: a shard could not save (INVALID_ARGUMENT: a bad request;
+                FAILED_PRECONDITION: not initialised, or no checkpoint directory; INTERNAL:
+                the write failed).
         """
-        request = pserver_pb2.SaveCheckpointRequest(path=path, num_ps=self.num_ps,
-                                                    checkpoint_id=checkpoint_id, cut=cut or {})
+        request = pserver_pb2.SaveCheckpointRequest(num_ps=self.num_ps,
+                                                    checkpoint_id=checkpoint_id, cut=cut or {},
+                                                    without_cut=without_cut)
         calls = [stub.SaveCheckpoint.future(request, timeout=timeout_s) for stub in self._stubs]
         return [call.result() for call in calls]
 

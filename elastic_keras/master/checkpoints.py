@@ -49,7 +49,7 @@ class JobCheckpoints:
     """
 
     def __init__(self, root, steps, keep_max, job_name):
-        # Shards are told absolute paths: their working directory need not be the master's.
+        # Absolute, as the shards are told it (`JobConfig.ps_config`).
         self.root = os.path.abspath(root) if root else ""
         self.steps = steps
         self.keep_max = keep_max
@@ -121,7 +121,7 @@ class JobCheckpoints:
                 cut = ps_client.prepare_checkpoint(number, HOLD_S, PREPARE_TIMEOUT_S)
                 if live_workers is not None:
                     cut = {w: s for w, s in cut.items() if w in live_workers}
-                shards = ps_client.save_checkpoint(path, HOLD_S + 30.0, number, cut)
+                shards = ps_client.save_checkpoint(number, HOLD_S + 30.0, cut)
             except grpc.RpcError:
                 ps_client.release_checkpoint(number, timeout_s=5.0)
                 raise

@@ -210,7 +210,7 @@ class ReleaseCheckpointResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("path", "num_ps", "checkpoint_id", "cut")
+    __slots__ = ("num_ps", "checkpoint_id", "cut", "without_cut")
     class CutEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,15 +218,15 @@ class SaveCheckpointRequest(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
-    PATH_FIELD_NUMBER: _ClassVar[int]
     NUM_PS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     CUT_FIELD_NUMBER: _ClassVar[int]
-    path: str
+    WITHOUT_CUT_FIELD_NUMBER: _ClassVar[int]
     num_ps: int
     checkpoint_id: int
     cut: _containers.ScalarMap[int, int]
-    def __init__(self, path: _Optional[str] = ..., num_ps: _Optional[int] = ..., checkpoint_id: _Optional[int] = ..., cut: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    without_cut: bool
+    def __init__(self, num_ps: _Optional[int] = ..., checkpoint_id: _Optional[int] = ..., cut: _Optional[_Mapping[int, int]] = ..., without_cut: _Optional[bool] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("file", "bytes", "crc32c", "model_version")

@@ -87,7 +87,8 @@ def run(config, stop):
     if config.restore_from and not _restore(config, parameters):
         return RoleExitCode.BAD_INPUT
     transfer = config.transfer
-    servicer = PServerServicer(parameters, transfer, config.ps_id)
+    servicer = PServerServicer(parameters, transfer, config.ps_id, config.num_ps,
+                               config.checkpoint_dir)
     server, port = rpc.create_server(
         [lambda s: add_to_server(servicer, s)],
         config.host,

@@ -6,9 +6,10 @@ dense pulls come unary or streamed (`tensor_stream`); a streamed push is read wh
 chunk checked, before anything reaches `Parameters`. Gradients that arrive as float16 or
 bfloat16 become float32 first; pulled parameters and embedding rows leave in the shard's
 transfer dtype (`TransferOptions`), and streamed pulls in its codec and chunk size.
-SaveCheckpoint writes the shard's file into a checkpoint directory (`ps/checkpoint.py`); a
-bad request is INVALID_ARGUMENT, an uninitialised shard FAILED_PRECONDITION and a failed
-write INTERNAL, each naming the path.
+SaveCheckpoint names a checkpoint by number; the shard writes its file into
+`CHECKPOINT_DIR/ckpt-N` of its own `--checkpoint-dir` (`ps/checkpoint.py`) and nowhere else.
+A bad request is INVALID_ARGUMENT, a shard without a model or a checkpoint directory
+FAILED_PRECONDITION and a failed write INTERNAL, each naming the path.
 
 Register it with `add_to_server`, which passes the streamed RPCs' `TransferFrame`s as bytes.
 
@@ -23,7 +24,7 @@ import os
 
 import grpc
 
-from elastic_keras.common import auth, rpc
+from elastic_keras.common import auth, checkpoint_layout, rpc
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
@@ -87,13 +88,18 @@ def _decode_all(tensors):
 class PServerServicer(pserver_pb2_grpc.PServerServicer):
     """Serves one shard's `Parameters` over gRPC, sending tensors as `transfer` says.
 
-    `ps_id` is the shard's index, which names its checkpoint files.
+    `ps_id` of `num_ps` is the shard's place in the job, which names its checkpoint files;
+    it writes them into `checkpoint_dir` (absolute; empty: this shard takes no checkpoints)
+    and nowhere else.
     """
 
-    def __init__(self, parameters, transfer=tensor_stream.TransferOptions(), ps_id=0):
+    def __init__(self, parameters, transfer=tensor_stream.TransferOptions(), ps_id=0,
+                 num_ps=1, checkpoint_dir=""):
         self._parameters = parameters
         self._transfer = transfer
         self._ps_id = ps_id
+        self._num_ps = num_ps
+        self._checkpoint_dir = checkpoint_dir
         self._first_push_accepted = False
         self._last_save = (None, None)  # (request, response) of the last SaveCheckpoint
 
@@ -202,25 +208,14 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
 
     def SaveCheckpoint(self, request, context):
         last_request, last_response = self._last_save
-        if request.checkpoint_id and request == last_request:
+        if request == last_request:
             return last_response  # a retry of a save that is done: the file is written
-        path, num_ps = request.path, request.num_ps
-        if not path or not os.path.isabs(path):
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "SaveCheckpoint: path must be the absolute path of a checkpoint directory "
-                f"(CHECKPOINT_DIR/ckpt-N). Received: path={path!r}",
-            )
-        if not 0 <= self._ps_id < num_ps:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"SaveCheckpoint: num_ps must be above this shard's id {self._ps_id}. "
-                f"Received: num_ps={num_ps}",
-            )
+        path = self._checkpoint_path(request, context)
         with _abort_on_domain_errors(context, "SaveCheckpoint"):
             try:
-                shard = save_shard(self._parameters, path, self._ps_id, num_ps,
-                                   request.checkpoint_id, dict(request.cut))
+                shard = save_shard(self._parameters, path, self._ps_id, self._num_ps,
+                                   0 if request.without_cut else request.checkpoint_id,
+                                   dict(request.cut))
             except OSError as exc:
                 logger.error("SaveCheckpoint into %s failed: %s", path, exc)
                 context.abort(
@@ -229,10 +224,28 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                     f"{exc}",
                 )
         logger.info("Saved shard %d of %d at version %d to %s (%d bytes).", self._ps_id,
-                    num_ps, shard.model_version, os.path.join(path, shard.file), shard.bytes)
+                    self._num_ps, shard.model_version, os.path.join(path, shard.file),
+                    shard.bytes)
         response = pserver_pb2.SaveCheckpointResponse(
             file=shard.file, bytes=shard.bytes, crc32c=shard.crc32c,
             model_version=shard.model_version,
         )
         self._last_save = (request, response)
         return response
+
+    def _checkpoint_path(self, request, context):
+        """The directory SaveCheckpoint `request` names, CHECKPOINT_DIR/ckpt-N; aborts the
+        call when it names none this shard may write."""
+        if not self._checkpoint_dir:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"SaveCheckpoint: shard {self._ps_id} was started without "
+                          "--checkpoint-dir, so it writes no checkpoints")
+        if request.num_ps != self._num_ps:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"SaveCheckpoint: num_ps must be the job's {self._num_ps}. "
+                          f"Received: num_ps={request.num_ps}")
+        if request.checkpoint_id < 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "SaveCheckpoint: checkpoint_id must be a checkpoint number, 1 or "
+                          f"more. Received: checkpoint_id={request.checkpoint_id}")
+        return checkpoint_layout.checkpoint_path(self._checkpoint_dir, request.checkpoint_id)

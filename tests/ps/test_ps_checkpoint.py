@@ -304,13 +304,15 @@ def test_re_sharding_rejects_files_of_different_jobs(tmp_path):
 
 
 @pytest.fixture
-def serve():
-    """Starts a real shard server on 127.0.0.1: `serve(ps_id) -> (parameters, address)`."""
+def serve(tmp_path):
+    """Starts a real shard server on 127.0.0.1 that checkpoints into `tmp_path/ckpts`:
+    `serve(ps_id, num_ps) -> (parameters, address)`."""
     servers = []
 
-    def start(ps_id=0):
+    def start(ps_id=0, num_ps=2, checkpoint_dir=str(tmp_path / "ckpts")):
         parameters = Parameters()
-        servicer = PServerServicer(parameters, ps_id=ps_id)
+        servicer = PServerServicer(parameters, ps_id=ps_id, num_ps=num_ps,
+                                   checkpoint_dir=checkpoint_dir)
         server, port = rpc.create_server(
             [lambda s: add_to_server(servicer, s)])
         servers.append(server)
@@ -321,10 +323,11 @@ def serve():
         server.stop(0)
 
 
-def save_rpc(address, path, num_ps):
+def save_rpc(address, checkpoint_id, num_ps, **fields):
     channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
     try:
-        request = pserver_pb2.SaveCheckpointRequest(path=path, num_ps=num_ps)
+        request = pserver_pb2.SaveCheckpointRequest(checkpoint_id=checkpoint_id, num_ps=num_ps,
+                                                    without_cut=True, **fields)
         return rpc.Stub(channel, tensor_stream.PSERVER).SaveCheckpoint(request)
     finally:
         channel.close()
@@ -332,59 +335,91 @@ def save_rpc(address, path, num_ps):
 
 def test_save_checkpoint_rpc_writes_the_shard_file(serve, tmp_path):
     parameters, address = serve(ps_id=1)
-    path = str(tmp_path / "ckpt-00000002")
     with pytest.raises(grpc.RpcError) as info:
-        save_rpc(address, path, 2)
+        save_rpc(address, 2, 2)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "InitModel must come first" in info.value.details()
 
     parameters.init_model(list(initial_values().items()), optimizer_config("adam"), TABLES)
     train(parameters, seed=1, steps=2)
-    response = save_rpc(address, path, 2)
+    response = save_rpc(address, 2, 2)
     assert (response.file, response.model_version) == ("ps-1-of-2.ckpt", 2)
-    file = os.path.join(path, response.file)
+    file = os.path.join(checkpoint_layout.checkpoint_path(str(tmp_path / "ckpts"), 2),
+                        response.file)
     assert checkpoint_layout.file_crc32c(file) == (response.crc32c, response.bytes)
 
 
-@pytest.mark.parametrize("path, num_ps, message", [
-    ("", 2, "absolute path of a checkpoint directory (CHECKPOINT_DIR/ckpt-N). Received: path=''"),
-    ("relative/ckpt-00000001", 2, "Received: path='relative/ckpt-00000001'"),
-    ("/tmp/ckpt-00000001", 1, "above this shard's id 1. Received: num_ps=1"),
+@pytest.mark.parametrize("checkpoint_id, num_ps, message", [
+    (0, 2, "checkpoint number, 1 or more. Received: checkpoint_id=0"),
+    (-5, 2, "Received: checkpoint_id=-5"),
+    (1, 1, "num_ps must be the job's 2. Received: num_ps=1"),
+    (1, 2**31 - 1, "Received: num_ps=2147483647"),
 ])
-def test_save_checkpoint_rpc_rejects_bad_requests(serve, path, num_ps, message):
+def test_save_checkpoint_rpc_rejects_bad_requests(serve, tmp_path, checkpoint_id, num_ps,
+                                                  message):
     parameters, address = serve(ps_id=1)
     parameters.init_model(list(initial_values().items()), optimizer_config("adam"))
     with pytest.raises(grpc.RpcError) as info:
-        save_rpc(address, path, num_ps)
+        save_rpc(address, checkpoint_id, num_ps)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in info.value.details()
+    assert not (tmp_path / "ckpts").exists()
+
+
+def test_save_checkpoint_rpc_writes_nowhere_but_its_checkpoint_dir(serve, tmp_path):
+    """The request names a checkpoint, never a path: a caller cannot pick where a shard
+    writes (the field that once held a path is reserved; set anyway, it is ignored)."""
+    parameters, address = serve(ps_id=0, num_ps=1)
+    parameters.init_model(list(initial_values().items()), optimizer_config("adam"))
+    request = pserver_pb2.SaveCheckpointRequest(checkpoint_id=7, num_ps=1, without_cut=True)
+    elsewhere = tmp_path / "elsewhere"
+    # Field 1 was `string path`: its bytes on the wire are unknown to today's message.
+    wire = b"\n" + bytes([len(str(elsewhere))]) + str(elsewhere).encode() + \
+        request.SerializeToString()
+    channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30)
+    try:
+        stub = rpc.Stub(channel, tensor_stream.PSERVER)
+        stub.SaveCheckpoint(pserver_pb2.SaveCheckpointRequest.FromString(wire))
+    finally:
+        channel.close()
+    assert not elsewhere.exists()
+    assert os.listdir(tmp_path / "ckpts") == ["ckpt-00000007"]
+
+
+def test_save_checkpoint_rpc_needs_a_checkpoint_dir(serve):
+    parameters, address = serve(ps_id=0, num_ps=1, checkpoint_dir="")
+    parameters.init_model(list(initial_values().items()), optimizer_config("adam"))
+    with pytest.raises(grpc.RpcError) as info:
+        save_rpc(address, 1, 1)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "started without --checkpoint-dir" in info.value.details()
 
 
 def test_save_checkpoint_rpc_reports_a_failed_write_as_internal(serve, tmp_path):
-    parameters, address = serve()
-    parameters.init_model(list(initial_values().items()), optimizer_config("adam"))
     (tmp_path / "a_file").write_text("")
-    path = str(tmp_path / "a_file" / "ckpt-00000001")
+    parameters, address = serve(num_ps=1, checkpoint_dir=str(tmp_path / "a_file"))
+    parameters.init_model(list(initial_values().items()), optimizer_config("adam"))
     with pytest.raises(grpc.RpcError) as info:
-        save_rpc(address, path, 1)
+        save_rpc(address, 1, 1)
     assert info.value.code() == grpc.StatusCode.INTERNAL
-    assert path in info.value.details()
+    assert str(tmp_path / "a_file" / "ckpt-00000001") in info.value.details()
 
 
 def test_ps_client_saves_every_shard_into_a_loadable_checkpoint(serve, tmp_path):
+    root = str(tmp_path / "ckpts")
     shards = [serve(ps_id) for ps_id in range(2)]
     client = PSClient([address for _, address in shards], deadline_s=30)
     try:
         client.init_model(initial_values(), optimizer_config("sgd_momentum"))
-        path = checkpoint_layout.checkpoint_path(str(tmp_path),
-                                                 checkpoint_layout.next_number(str(tmp_path)))
-        responses = client.save_checkpoint(path)
+        number = checkpoint_layout.next_number(root)
+        responses = client.save_checkpoint(number, without_cut=True)
     finally:
         client.close()
     assert [r.file for r in responses] == ["ps-0-of-2.ckpt", "ps-1-of-2.ckpt"]
+    path = checkpoint_layout.checkpoint_path(root, number)
     write_checkpoint(path, [checkpoint_layout.ShardFile(r.file, r.bytes, r.crc32c, r.model_version)
                             for r in responses])
-    assert checkpoint_layout.latest_complete(str(tmp_path))[0] == path
+    assert checkpoint_layout.latest_complete(root)[0] == path
     whole = load_shards(path, 0, 1)
     assert_arrays_equal(whole.dense, initial_values())
 
