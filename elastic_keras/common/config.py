@@ -8,9 +8,10 @@ the config is made; `flags` maps fields to flags and back (its `parse_argv`, `to
 `add_arguments`, `from_namespace` and `normalize_flags` can be imported from here).
 
 A flag that several configs have (`--num-ps`, `--job-name`, ...) is declared once, in
-`_SHARED`, and means the same in each: a role's config takes it from the job's. The
+`shared_flags`, and means the same in each: a role's config takes it from the job's. The
 `transfer` field, a `TransferOptions`, stands for the flags `--compression`,
-`--chunk-bytes` and `--transfer-dtype`.
+`--chunk-bytes` and `--transfer-dtype`; the `limits` field, a `PayloadLimits`, for what a
+parameter server accepts (`--max-push-bytes`, `--non-finite-gradients`, ...).
 
 Example:
 
@@ -31,82 +32,12 @@ from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, check_fields, fla
 from elastic_keras.common.flags import (  # noqa: F401
     add_arguments, from_namespace, normalize_flags, parse_argv, to_argv,
 )
+from elastic_keras.common.shared_flags import (  # noqa: F401 - importable from here
+    EMBEDDING_THRESHOLD_PARAMS, LOG_LEVELS, SHARED as _SHARED, shared as _shared,
+)
 from elastic_keras.common.tls import is_loopback, target_name as tls_target
+from elastic_keras.common.transfer.limits import PayloadLimits
 from elastic_keras.common.transfer.tensor_stream import TransferOptions
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-# A plain keras.layers.Embedding of more parameters than this (4 MB of float32) is served
-# from the parameter servers: pulling and pushing it whole every step costs more than moving
-# the rows a minibatch touches.
-EMBEDDING_THRESHOLD_PARAMS = 1_000_000
-
-# The flags that more than one config has, declared once: name -> the arguments of `flag`.
-_SHARED = {
-    "master_addr": dict(required=True, help="host:port of the master."),
-    "model_def": dict(
-        required=True,
-        help="The model module: 'module', 'pkg.module' or 'pkg.module.custom_model' relative "
-        "to --model-zoo, or a path to a .py file.",
-    ),
-    "model_zoo": dict(default=".", help="The directory --model-def is relative to."),
-    "job_name": dict(default="elastic-keras", help="A name for the job, used in logs."),
-    "num_ps": dict(default=1, bound=POSITIVE, help="Number of parameter-server shards, one "
-                   "process each."),
-    "minibatch_size": dict(default=64, bound=POSITIVE, help="Records per minibatch."),
-    "progress_report_minibatches": dict(
-        default=4, bound=POSITIVE,
-        help="Workers report progress inside a task every this many minibatches.",
-    ),
-    "index_cache_dir": dict(
-        default="", help="Where record-file indexes go when the data directory is read-only "
-        "(default: ~/.cache/elastic_keras/index)."
-    ),
-    "embedding_threshold_params": dict(
-        default=EMBEDDING_THRESHOLD_PARAMS, bound=NON_NEGATIVE,
-        help="A plain keras.layers.Embedding with more parameters than this is served row by "
-        "row from the parameter servers instead of as a dense variable.",
-    ),
-    "grads_to_wait": dict(
-        default=0, bound=NON_NEGATIVE,
-        help="Synchronous training: each PS shard averages this many pushes computed against "
-        "its current version, applies them once and bumps its version. 0 trains "
-        "asynchronously.",
-    ),
-    "max_staleness": dict(
-        default=0, bound=NON_NEGATIVE,
-        help="Asynchronous training: reject pushes computed against a version more than this "
-        "many versions old (the worker pulls and recomputes); 0: no bound.",
-    ),
-    "lr_staleness_modulation": dict(
-        default=False, help="Asynchronous training: divide an update's learning rate by "
-        "max(1, staleness)."
-    ),
-    "sync_round_timeout_s": dict(
-        default=30.0, bound=POSITIVE,
-        help="Synchronous training: a round still short of --grads-to-wait pushes this many "
-        "seconds after its first is applied with those it has.",
-    ),
-    "max_stale_retries": dict(
-        default=20, bound=NON_NEGATIVE,
-        help="How many times in a row a worker recomputes a minibatch whose push was rejected "
-        "as stale before it fails the task.",
-    ),
-    "transfer": dict(default=TransferOptions()),
-    "checkpoint_dir": dict(
-        default="", help="Where the parameter servers' checkpoints and the master's job state "
-        "go. Running the same command again with the same --job-name and --checkpoint-dir "
-        "resumes the job from its latest checkpoint. Empty: no checkpoints. A shard writes "
-        "only inside it."
-    ),
-    "host": dict(default="127.0.0.1", help="Address the master and parameter servers bind to."),
-    "log_level": dict(default="info", help="Logging level.", choices=LOG_LEVELS),
-}
-
-
-def _shared(name, **changes):
-    """The field of the shared flag `name`, with `changes` to its `flag` arguments."""
-    return flag(**{**_SHARED[name], **changes})
-
 
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
@@ -125,6 +56,11 @@ class JobConfig:
     )
     job_name: str = _shared("job_name")
     num_workers: int = flag(1, help="Number of worker processes.", bound=POSITIVE)
+    max_workers: int = flag(
+        1024, bound=POSITIVE,
+        help="The most workers the job may run: --num-workers and `elastic-keras scale` "
+        "stay at or below it.",
+    )
     num_ps: int = _shared("num_ps")
     minibatch_size: int = _shared("minibatch_size")
     num_minibatches_per_task: int = flag(
@@ -154,12 +90,14 @@ class JobConfig:
     lr_staleness_modulation: bool = _shared("lr_staleness_modulation")
     sync_round_timeout_s: float = _shared("sync_round_timeout_s")
     max_stale_retries: int = _shared("max_stale_retries")
+    on_non_finite_loss: str = _shared("on_non_finite_loss")
     overlap_communication: bool = flag(
         True, help="Asynchronous training without --max-staleness: workers push a step's "
         "gradients and pull fresh values while the next step computes (that step then "
         "misses the worker's own previous update)."
     )
     transfer: TransferOptions = _shared("transfer")
+    limits: PayloadLimits = _shared("limits")
     evaluation_steps: int = flag(
         0, bound=NON_NEGATIVE,
         help="Also evaluate --validation-data every this many model versions, with training "
@@ -243,6 +181,9 @@ class JobConfig:
                 f"workers' pushes. Received: --grads-to-wait {self.grads_to_wait} with "
                 f"--num-workers {self.num_workers}"
             )
+        if self.num_workers > self.max_workers:
+            raise ConfigError(f"--num-workers must be at most --max-workers {self.max_workers}. "
+                              f"Received: --num-workers {self.num_workers}")
 
     @property
     def records_per_task(self):
@@ -319,6 +260,7 @@ class PSConfig:
     lr_staleness_modulation: bool = _shared("lr_staleness_modulation")
     sync_round_timeout_s: float = _shared("sync_round_timeout_s")
     transfer: TransferOptions = _shared("transfer")
+    limits: PayloadLimits = _shared("limits")
     job_name: str = _shared("job_name")
     host: str = _shared("host")
     port: int = flag(0, help="Port to bind to; 0 picks a free one.", bound=NON_NEGATIVE)
@@ -370,6 +312,7 @@ class WorkerConfig:
     embedding_threshold_params: int = _shared("embedding_threshold_params")
     sync: bool = flag(False, help="Synchronous training: wait for each round's update.")
     max_stale_retries: int = _shared("max_stale_retries")
+    on_non_finite_loss: str = _shared("on_non_finite_loss")
     transfer: TransferOptions = _shared("transfer")
     overlap: bool = flag(False, help="Push and pull in the background while computing.")
     job_name: str = _shared("job_name")

@@ -31,8 +31,37 @@ class PayloadError(ElasticKerasError, ValueError):
     """
 
 
+class NonFiniteError(PayloadError):
+    """A push holds NaN or Inf values (the message names the tensor and counts them).
+
+    With `--non-finite-gradients fail` a shard answers it with INVALID_ARGUMENT and applies
+    nothing of the push, whose sequence stays unused; the shard counts it.
+    """
+
+
+class NonFiniteLossError(ElasticKerasError, ArithmeticError):
+    """A worker's training loss for a minibatch is NaN or Inf (the message names the value,
+    the minibatch, the task and the worker). Its gradients are not pushed.
+
+    With `--on-non-finite-loss fail` (the default) the job fails at once; with `skip` the
+    worker drops the minibatch, counts it and goes on.
+    """
+
+
 class PSError(ElasticKerasError):
     """A parameter server refused a request (e.g. gradients for an unknown variable)."""
+
+
+class ApplyError(PSError):
+    """A parameter server could not apply a push it had checked (TensorFlow failed).
+
+    The shard answers INTERNAL; the push's sequence stays unused, so it may be sent again.
+    """
+
+
+class ReplacedLaunchError(PSError):
+    """A push from a launch of a worker that a later launch has replaced (the master gave
+    its task to others): the shard answers PERMISSION_DENIED and applies nothing."""
 
 
 class PushRefused(PSError):

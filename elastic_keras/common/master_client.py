@@ -50,23 +50,25 @@ class MasterClient:
         return self._stub.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id)).task
 
     def report_progress(self, worker_id, task_id, records_done, loss, model_version,
-                        minibatches=0):
-        """`records_done` and `minibatches` count from the task's start (a retried report
-        changes nothing)."""
+                        minibatches=0, skipped=None):
+        """`records_done`, `minibatches` and `skipped` (minibatches not pushed, by reason)
+        count from the task's start (a retried report changes nothing)."""
         self._stub.ReportProgress(
             master_pb2.ReportProgressRequest(
                 worker_id=worker_id, task_id=task_id, records_done=records_done,
                 loss=loss, model_version=model_version, minibatches=minibatches,
+                skipped_minibatches=skipped or {},
             )
         )
 
     def report_task_result(self, worker_id, task_id, records_done, error="", loss=0.0,
                            model_version=0, metric_states=(), abandoned=False, timeout_s=None,
-                           minibatches=0, dropped=None):
+                           minibatches=0, dropped=None, fatal="", skipped=None):
         """Ends a task; `abandoned` hands it back (the worker is leaving) after
         `records_done` records, without counting a failure. `minibatches` counts the
         attempt's settled minibatches, `dropped` maps shards that never applied one of them
-        to why."""
+        to why, `skipped` counts minibatches not pushed by reason. `fatal` (with `error`)
+        says why no retry can help: the job fails at once."""
         self._stub.ReportTaskResult(
             master_pb2.ReportTaskResultRequest(
                 worker_id=worker_id, task_id=task_id, error=error, records_done=records_done,
@@ -74,6 +76,7 @@ class MasterClient:
                 abandoned=abandoned, minibatches=minibatches,
                 dropped=[master_pb2.DroppedPushes(ps_id=ps_id, reason=reason, count=1)
                          for ps_id, reason in (dropped or {}).items()],
+                fatal=fatal, skipped_minibatches=skipped or {},
             ),
             timeout=timeout_s,
         )
@@ -85,12 +88,13 @@ class MasterClient:
         )
 
     def report_version(self, ps_id, model_version, staleness_counts=(), stale_rejections=0,
-                       pending_pushes=0, applied_pushes=None):
+                       pending_pushes=0, applied_pushes=None, non_finite_pushes=0):
         self._stub.ReportVersion(
             master_pb2.ReportVersionRequest(
                 ps_id=ps_id, model_version=model_version,
                 staleness_counts=list(staleness_counts), stale_rejections=stale_rejections,
                 pending_pushes=pending_pushes, applied_pushes=applied_pushes or {},
+                non_finite_pushes=non_finite_pushes,
             )
         )
 

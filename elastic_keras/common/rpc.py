@@ -28,6 +28,9 @@ from elastic_keras.proto import transfer_pb2
 
 MAX_MESSAGE_BYTES = 1 << 30
 DEFAULT_DEADLINE_S = 60.0
+# The threads a server serves calls with: a call that blocks (a pull waiting for a round)
+# holds one, and calls beyond the pool wait for one to free up.
+DEFAULT_SERVER_THREADS = 16
 
 _COMMON_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -96,8 +99,8 @@ def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_
     return grpc.intercept_channel(channel, ClientAuth(token)) if token else channel
 
 
-def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=16, auth=None,
-                  tls=None):
+def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=DEFAULT_SERVER_THREADS,
+                  auth=None, tls=None):
     """Starts a server with every servicer that `add_servicers` (callables) registers,
     checking every call's credential with `auth` (a `ServerAuth`) when given, and serving
     TLS with client certificates required with `tls` (a `tls.TlsMaterial`) when given.

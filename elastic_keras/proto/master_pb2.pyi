@@ -106,20 +106,29 @@ class GetTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "records_done", "loss", "model_version", "minibatches")
+    __slots__ = ("worker_id", "task_id", "records_done", "loss", "model_version", "minibatches", "skipped_minibatches")
+    class SkippedMinibatchesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RECORDS_DONE_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     records_done: int
     loss: float
     model_version: int
     minibatches: int
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., minibatches: _Optional[int] = ...) -> None: ...
+    skipped_minibatches: _containers.ScalarMap[str, int]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., minibatches: _Optional[int] = ..., skipped_minibatches: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
     __slots__ = ()
@@ -147,7 +156,14 @@ class MetricState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., aggregations: _Optional[_Iterable[str]] = ..., labels: _Optional[_Union[MetricState.InputSpec, _Mapping]] = ..., predictions: _Optional[_Union[MetricState.InputSpec, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned", "minibatches", "dropped")
+    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned", "minibatches", "dropped", "fatal", "skipped_minibatches")
+    class SkippedMinibatchesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +174,8 @@ class ReportTaskResultRequest(_message.Message):
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
     MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    FATAL_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     error: str
@@ -168,7 +186,9 @@ class ReportTaskResultRequest(_message.Message):
     abandoned: bool
     minibatches: int
     dropped: _containers.RepeatedCompositeFieldContainer[DroppedPushes]
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ..., minibatches: _Optional[int] = ..., dropped: _Optional[_Iterable[_Union[DroppedPushes, _Mapping]]] = ...) -> None: ...
+    fatal: str
+    skipped_minibatches: _containers.ScalarMap[str, int]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ..., minibatches: _Optional[int] = ..., dropped: _Optional[_Iterable[_Union[DroppedPushes, _Mapping]]] = ..., fatal: _Optional[str] = ..., skipped_minibatches: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ()
@@ -185,7 +205,7 @@ class DroppedPushes(_message.Message):
     def __init__(self, ps_id: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReportVersionRequest(_message.Message):
-    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes")
+    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes", "non_finite_pushes")
     class AppliedPushesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -199,13 +219,15 @@ class ReportVersionRequest(_message.Message):
     STALE_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     PENDING_PUSHES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_PUSHES_FIELD_NUMBER: _ClassVar[int]
+    NON_FINITE_PUSHES_FIELD_NUMBER: _ClassVar[int]
     ps_id: int
     model_version: int
     staleness_counts: _containers.RepeatedScalarFieldContainer[int]
     stale_rejections: int
     pending_pushes: int
     applied_pushes: _containers.ScalarMap[int, int]
-    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    non_finite_pushes: int
+    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ..., non_finite_pushes: _Optional[int] = ...) -> None: ...
 
 class ReportVersionResponse(_message.Message):
     __slots__ = ()

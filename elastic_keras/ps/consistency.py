@@ -17,6 +17,13 @@ Asynchronous (K = 0): a push is applied at once. Its staleness is the shard's ve
 the version it was computed against. With `max_staleness` S > 0 a push staler than S is
 rejected; with `lr_staleness_modulation` the learning rate of that update is divided by
 max(1, staleness).
+
+A push's version must be one the shard could have given: never negative, and, for a push
+computed against this very run of the shard (its `incarnation`), never above the shard's
+version, which within one run only goes up (`check_push_version` refuses such a push as
+malformed). A push computed against another run, or one that does not say which, may carry
+a version this run has not reached (the shard restarted from an older checkpoint): it is
+answered stale, and the worker pulls and recomputes.
 """
 
 import dataclasses
@@ -24,6 +31,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
+
+from elastic_keras.common.errors import PayloadError
 
 STALENESS_BUCKETS = 16  # staleness 0 .. 15 counted apiece, 16 and more together
 
@@ -70,6 +79,17 @@ class UpdatePolicy:
         return ""
 
 
+def check_push_version(push, version, incarnation):
+    """Raises `PayloadError` if `push` carries a version no pull of this shard gave: a
+    negative one, or one above `version` for the shard's own `incarnation`."""
+    if push.model_version < 0 or (push.incarnation == incarnation
+                                  and push.model_version > version):
+        raise PayloadError(
+            f"Push from worker {push.worker_id}: model_version must be one this shard gave "
+            f"(0 to its current version {version} in this run, which never goes back). "
+            f"Received: model_version={push.model_version}")
+
+
 class StalenessStats:
     """Counts of applied pushes by staleness, and of pushes rejected as stale."""
 
@@ -112,6 +132,16 @@ class SyncRound:
                 self._dense[name] = gradient
         for table, pair in rows.items():
             self._rows.setdefault(table, []).append(pair)
+
+    def copy(self):
+        """A copy that later `add`s to this round leave as it is (`add` replaces summed
+        tensors, never changes one in place)."""
+        other = SyncRound()
+        other.started, other.workers = self.started, list(self.workers)
+        other._dense = {n: list(g) if isinstance(g, list) else g for n, g in self._dense.items()}
+        other._rows = {table: list(pairs) for table, pairs in self._rows.items()}
+        other._deltas = dict(self._deltas)
+        return other
 
     def expired(self, timeout_s):
         return self.count > 0 and time.monotonic() - self.started >= timeout_s

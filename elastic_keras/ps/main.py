@@ -37,7 +37,9 @@ from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
-from elastic_keras.ps.servicer import AUTHORITY, PServerServicer, add_to_server
+from elastic_keras.ps.servicer import (
+    AUTHORITY, SERVER_THREADS, WAITING_PULLS, PServerServicer, add_to_server,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,16 +85,17 @@ def run(config, stop):
     except ConfigError as exc:
         logger.error("Cannot start: %s (the master's engine passes these files)", exc)
         return RoleExitCode.BAD_INPUT
-    parameters = Parameters(policy, config.min_version)
+    parameters = Parameters(policy, config.min_version, config.limits)
     if config.restore_from and not _restore(config, parameters):
         return RoleExitCode.BAD_INPUT
     transfer = config.transfer
     servicer = PServerServicer(parameters, transfer, config.ps_id, config.num_ps,
-                               config.checkpoint_dir)
+                               config.checkpoint_dir, max_waiting_pulls=WAITING_PULLS)
     server, port = rpc.create_server(
         [lambda s: add_to_server(servicer, s)],
         config.host,
         config.port,
+        max_workers=SERVER_THREADS,
         auth=auth.ServerAuth(auth.Verifier(secret, config.job_name), AUTHORITY),
         tls=material,
     )
@@ -186,7 +189,8 @@ def _keep_in_touch(config, address, parameters, master, stop):
             closed = parameters.close_expired_round()
             master.report_version(config.ps_id, parameters.version,
                                   parameters.staleness.counts, parameters.staleness.rejections,
-                                  parameters.pending_pushes, parameters.applied_pushes)
+                                  parameters.pending_pushes, parameters.applied_pushes,
+                                  parameters.non_finite_pushes)
             if closed:
                 logger.warning(
                     "A synchronous round waited %.0f s for %d pushes; applied it with %d.",

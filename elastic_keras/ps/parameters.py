@@ -7,7 +7,14 @@ asynchronous, each push is applied at once and bumps the version; synchronous, p
 the current version are averaged in a round, applied and the version bumped once when the
 round is full (`grads_to_wait` pushes, fewer while fewer workers have training work) or
 has waited `round_timeout_s`. A push is checked completely before anything changes, and
-applied at most once.
+applied at most once: its sequence is recorded only once it is applied (or added to its
+round), so a push that fails leaves its sequence free for a retry.
+
+A push without gradients or deltas is acknowledged and its sequence recorded; asynchronous,
+it changes nothing (no version bump); synchronous, it counts in its round as a zero
+contribution (the workers wait for the round's version). A push holding NaN or Inf is
+refused or skipped as the shard's `PayloadLimits` say (see `limits`); a skipped one is
+treated as empty. Either way `non_finite_pushes` counts it.
 
 Example:
 
@@ -24,7 +31,8 @@ Example:
 
 `snapshot()` copies the whole state as plain data (for checkpoints, see `ps/checkpoint.py`)
 and `restore()` starts an empty shard from one; `prepare_checkpoint` and `snapshot_at_cut`
-take a snapshot at a checkpoint's cut (see `checkpoint_hold`).
+take a snapshot at a checkpoint's cut (see `checkpoint_hold`); they live in
+`shard_snapshots.SnapshotMixin`.
 """
 
 import collections
@@ -33,14 +41,23 @@ import threading
 
 import numpy as np
 
-from elastic_keras.common.errors import NotReadyError, PSError
+from elastic_keras.common.errors import (
+    ApplyError, NotReadyError, PayloadError, ReplacedLaunchError,
+)
+from elastic_keras.common.transfer.limits import PayloadLimits
 from elastic_keras.ps.checkpoint_hold import PushGate
-from elastic_keras.ps.consistency import StalenessStats, SyncRound, UpdatePolicy
-from elastic_keras.ps.shard_model import build_model, restore_model, take_snapshot, with_options
-from elastic_keras.ps.shard_types import DUPLICATE, STALE, InitResult, PullResult, PushResult
+from elastic_keras.ps.consistency import (
+    StalenessStats, SyncRound, UpdatePolicy, check_push_version,
+)
+from elastic_keras.ps.shard_model import build_model, with_options
+from elastic_keras.ps.shard_snapshots import SnapshotMixin
+from elastic_keras.ps.shard_types import (
+    DUPLICATE, SKIPPED, STALE, InitResult, PullResult, PushResult,
+)
+from elastic_keras.ps.updates import PreparedUpdate, check_sizes, non_finite, non_finite_error
 
 
-class Parameters:
+class Parameters(SnapshotMixin):
     """The model, model version and applied sequences of one parameter-server shard.
 
     Thread-safe: checking and casting a push happen outside the lock; applying it, pulls'
@@ -55,10 +72,13 @@ class Parameters:
         policy: the `UpdatePolicy` (synchronous rounds or asynchronous pushes).
         min_version: the version a model starts at, and the least a restored one takes: the
             highest a restarted shard had reached (as the master knows it).
+        limits: the `PayloadLimits` requests are checked against.
     """
 
-    def __init__(self, policy=UpdatePolicy(), min_version=0):
+    def __init__(self, policy=UpdatePolicy(), min_version=0, limits=PayloadLimits()):
         self.policy = policy
+        self.limits = limits
+        self.non_finite_pushes = 0  # pushes holding NaN or Inf, refused or skipped
         self._min_version = min_version
         self.incarnation = secrets.randbits(63) or 1
         self._lock = threading.Lock()
@@ -69,6 +89,7 @@ class Parameters:
         self._version = min_version
         self._steps = 0  # updates applied: the step of the tables' sparse optimizer
         self._applied_sequence = {}
+        self._applied_launch = {}  # worker id -> the launch of its last applied push
         self._applied_pushes = collections.Counter()  # worker id -> pushes applied
         self._round = SyncRound()
         self._round_size = policy.grads_to_wait
@@ -82,9 +103,13 @@ class Parameters:
     def version(self):
         return self._version
 
-    def applied_sequence(self, worker_id):
-        """The highest push sequence of `worker_id` this shard applied (0: none)."""
+    def applied_sequence(self, worker_id, launch=None):
+        """The highest push sequence of `worker_id` this shard applied (0: none), if it was
+        pushed by `launch` of the worker or by one not known (0 for another launch)."""
         with self._lock:
+            known = self._applied_launch.get(worker_id)
+            if launch is not None and known is not None and known != launch:
+                return 0
             return self._applied_sequence.get(worker_id, 0)
 
     @property
@@ -118,9 +143,10 @@ class Parameters:
             An `InitResult`.
 
         Raises:
-            PayloadError: a bad tensor list, optimizer config, table config or option
-                (checked on every call, before anything changes).
+            PayloadError: a bad tensor list, optimizer config, table config or option, or
+                one above the `limits` (checked on every call, before anything changes).
         """
+        check_sizes(dense, tables, self.limits)
         model = build_model(dense, optimizer_config, tables, options)
         with self._lock:
             if self._model is not None:
@@ -131,89 +157,6 @@ class Parameters:
             self._model = model
             self._version = self._min_version
             return InitResult(initialized_now=True, model_version=self._version)
-
-    def restore(self, snapshot):
-        """Initialises this empty shard from a `Snapshot`, as InitModel then pushes would.
-
-        The model is built as `init_model` builds it, then set from the snapshot (see
-        `shard_model.restore_model`), with the version and the applied sequences. A later
-        InitModel keeps it. The version is at least `min_version`: never backwards.
-
-        Raises:
-            PSError: the shard already holds a model.
-            CheckpointError: the snapshot is inconsistent (a missing slot, a table's rows
-                that do not fit its config, ...); the shard stays empty.
-        """
-        if self._model is not None:
-            raise PSError(
-                "restore needs an empty shard: this one already holds a model at version "
-                f"{self._version}. Received: a snapshot at version {snapshot.version}"
-            )
-        model = restore_model(snapshot)
-        with self._lock:
-            if self._model is not None:
-                raise PSError("restore needs an empty shard: InitModel came first.")
-            self._model = model
-            self._version = max(snapshot.version, self._min_version)
-            self._steps = (snapshot.version if snapshot.table_steps is None
-                           else snapshot.table_steps)
-            self._applied_sequence = dict(snapshot.applied_sequences)
-            self._applied_pushes = collections.Counter(snapshot.applied_pushes)
-            # Files written before variables had options: the workers' InitModel says.
-            self._options_pending = bool(snapshot.dense) and not snapshot.variable_options
-            self._version_changed.notify_all()
-
-    def snapshot(self):
-        """A consistent copy of the whole shard as a `Snapshot` of numpy data.
-
-        Taken under the lock. An open synchronous round is applied first (its pushes
-        averaged over their number, as a round timeout would), so the snapshot holds the
-        update of every push whose sequence it records as applied.
-
-        Raises:
-            NotReadyError: the shard has no model yet.
-        """
-        model = self._require_model("A snapshot")
-        with self._lock:
-            return self._snapshot_locked(model)
-
-    def prepare_checkpoint(self, checkpoint_id, hold_s):
-        """Holds every push from now on, for up to `hold_s` seconds (see `snapshot_at_cut`).
-
-        Returns:
-            `({worker id: the highest sequence applied}, version)`.
-
-        Raises:
-            NotReadyError: the shard has no model yet.
-        """
-        self._require_model("PrepareCheckpoint")
-        with self._lock:
-            self._gate.begin(checkpoint_id, hold_s)
-            return dict(self._applied_sequence), self._version
-
-    def snapshot_at_cut(self, checkpoint_id, cut):
-        """The `snapshot()` of the checkpoint `prepare_checkpoint` began, once this shard
-        has applied every minibatch of `cut` (see `PushGate.wait_for_cut`).
-
-        Raises:
-            NotReadyError: no model, no hold of this checkpoint, or the cut was not reached
-                before the hold ended; pushes go through again.
-        """
-        model = self._require_model("SaveCheckpoint")
-        with self._lock:
-            self._gate.wait_for_cut(checkpoint_id, cut, self._applied_sequence)
-            return self._snapshot_locked(model)
-
-    def release_checkpoint(self, checkpoint_id):
-        """Ends the hold of checkpoint `checkpoint_id` (the master gave it up)."""
-        with self._lock:
-            self._gate.release(checkpoint_id)
-
-    def held(self, worker_id, sequence):
-        """The answer to a push of (`worker_id`, `sequence`) if a checkpoint holds it back,
-        else None: a cheap check before the push is decoded."""
-        with self._lock:
-            return self._gate.held_answer(worker_id, sequence, self._version)
 
     def pull(self, known_version=-1, min_version=0, timeout_s=0.0, averaged=False,
              known_incarnation=0):
@@ -261,14 +204,18 @@ class Parameters:
         deltas summed): each minibatch makes its update. A push whose sequence is not above
         the highest one applied for its worker was applied before: it is acknowledged with
         reason `DUPLICATE` and not applied again. A push a checkpoint holds back is answered
-        `held`, one computed against values the shard no longer has `stale`.
+        `held`, one computed against values the shard no longer has `stale`. One holding
+        NaN or Inf is refused, or acknowledged with reason `SKIPPED` (see the module).
 
         Returns:
             A `PushResult`.
 
         Raises:
             NotReadyError: the shard has no model yet.
-            PayloadError: see `ShardModel.prepare`; nothing is changed.
+            PayloadError: see `ShardModel.prepare` and `consistency.check_push_version`;
+                `NonFiniteError` for NaN or Inf (`--non-finite-gradients fail`). Nothing is
+                changed and the sequence stays free.
+            ApplyError: TensorFlow failed to apply the checked update; the sequence stays free.
         """
         model = self._model
         if model is None:
@@ -277,23 +224,43 @@ class Parameters:
                 f"Received: a push from worker {push.worker_id} before InitModel"
             )
         update, rows = model.prepare(push.gradients, push.deltas)
+        found = non_finite(push.gradients, push.deltas)
         with self._lock:
             refused = self._refusal_locked(push)
             if refused is not None:
                 return refused
-            staleness = self._version - push.model_version
+            if found:
+                self.non_finite_pushes += 1
+                if not self.limits.skip_non_finite:
+                    raise non_finite_error(found, push)
+                update, rows = PreparedUpdate({}, {}), {}
+            self._add_locked(model, push, update, rows)
             self._applied_sequence[push.worker_id] = push.sequence
+            if push.launch is not None:
+                self._applied_launch[push.worker_id] = push.launch
             self._version_changed.notify_all()  # a checkpoint may wait for this sequence
-            if self.policy.sync:
-                self._round.add(push.worker_id, update.gradients, rows, update.deltas)
-                if self._round.count >= max(self._round_size, 1):
+            return PushResult(accepted=True, model_version=self._version,
+                              reason=f"{SKIPPED}: {found[0][0]} holds NaN or Inf" if found else "")
+
+    def _add_locked(self, model, push, update, rows):
+        """Applies a checked push (asynchronous; an empty one changes nothing) or adds it to
+        the open round, closing it when full; on `ApplyError` the round is as it was."""
+        if self.policy.sync:
+            before = self._round.copy()
+            self._round.add(push.worker_id, update.gradients, rows, update.deltas)
+            if self._round.count >= max(self._round_size, 1):
+                try:
                     self._close_round(model)
-            else:
-                self.staleness.add(staleness)
-                self._apply(model, update.gradients, rows, update.deltas,
-                            self.policy.lr_scale(staleness))
-                self._applied_pushes[push.worker_id] += 1
-            return PushResult(accepted=True, model_version=self._version)
+                except ApplyError:
+                    self._round = before
+                    raise
+            return
+        if update.gradients or update.deltas or rows:
+            staleness = self._version - push.model_version
+            self._apply(model, update.gradients, rows, update.deltas,
+                        self.policy.lr_scale(staleness))
+            self.staleness.add(staleness)
+        self._applied_pushes[push.worker_id] += 1
 
     @property
     def round_size(self):
@@ -337,7 +304,15 @@ class Parameters:
             return {table.name: table.rows(ids) for table, ids in lookups}, self._version
 
     def table_rows(self, name, chunk_rows):
-        """Every row of table `name` this shard holds, as `(ids, rows)` chunks."""
+        """Every row of table `name` this shard holds, as `(ids, rows)` chunks.
+
+        Raises:
+            NotReadyError: before InitModel. PayloadError: an unknown table, or
+                `chunk_rows` < 1.
+        """
+        if chunk_rows < 1:
+            raise PayloadError(f"PullTable {name!r}: rows_per_chunk must be 1 or more (0: the "
+                               f"shard's default). Received: rows_per_chunk={chunk_rows}")
         model = self._require_model("PullTable")
         table = model.table(name, "PullTable")
         with self._lock:
@@ -350,22 +325,23 @@ class Parameters:
             raise NotReadyError(f"{what} needs an initialised shard: InitModel must come first.")
         return model
 
-    def _snapshot_locked(self, model):
-        """`snapshot()`, the lock held: applies the open round, then copies the shard."""
-        if self._round.count:
-            self._close_round(model)
-        return take_snapshot(model, self._version, self._applied_sequence,
-                             self._applied_pushes, self._steps)
-
     def _refusal_locked(self, push):
         """The answer to a push that must not be applied (a duplicate, one a checkpoint
         holds back, a stale one), else None (lock held)."""
         last = self._applied_sequence.get(push.worker_id)
+        known = self._applied_launch.get(push.worker_id)
+        if push.launch is not None and known is not None and push.launch != known:
+            if push.launch < known:
+                raise ReplacedLaunchError(
+                    f"Worker {push.worker_id} launch {push.launch} has been replaced by launch "
+                    f"{known}: its pushes apply no more. Received: sequence {push.sequence}")
+            last = None  # a new launch: its sequences are its own
         if last is not None and push.sequence <= last:
             return PushResult(accepted=True, model_version=self._version, reason=DUPLICATE)
         held = self._gate.held_answer(push.worker_id, push.sequence, self._version)
         if held is not None:
             return held
+        check_push_version(push, self._version, self.incarnation)
         stale = self._why_stale(push)
         if stale:
             self.staleness.rejections += 1
@@ -381,15 +357,25 @@ class Parameters:
         return self.policy.why_stale(self._version, push.model_version)
 
     def _apply(self, model, gradients, rows, deltas, lr_scale=1.0):
-        """One update of the model (see `ShardModel.apply`); bumps the version."""
-        model.apply(gradients, rows, deltas, self._steps + 1, lr_scale)
+        """One update of the model (see `ShardModel.apply`); bumps the version.
+
+        Raises:
+            ApplyError: TensorFlow failed (the version stays; the push was checked, so this
+                is a fault of the shard's, not of the push).
+        """
+        try:
+            model.apply(gradients, rows, deltas, self._steps + 1, lr_scale)
+        except Exception as exc:  # TF raises many kinds; the caller answers INTERNAL
+            raise ApplyError(f"Applying an update at version {self._version} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
         self._version += 1
         self._steps += 1
         self._version_changed.notify_all()
 
     def _close_round(self, model):
-        """Applies the open synchronous round, its gradients averaged over its pushes."""
+        """Applies the open synchronous round, its gradients averaged over its pushes; on
+        `ApplyError` the round stays open."""
         gradients, rows, deltas = self._round.averaged(self._round.count)
-        workers, self._round = self._round.workers, SyncRound()
         self._apply(model, gradients, rows, deltas)
-        self._applied_pushes.update(workers)
+        self._applied_pushes.update(self._round.workers)
+        self._round = SyncRound()

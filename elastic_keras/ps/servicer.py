@@ -11,6 +11,14 @@ SaveCheckpoint names a checkpoint by number; the shard writes its file into
 A bad request is INVALID_ARGUMENT, a shard without a model or a checkpoint directory
 FAILED_PRECONDITION and a failed write INTERNAL, each naming the path.
 
+Every request is checked before anything changes (see `Parameters` and `updates`), against
+the shard's `PayloadLimits` too: a streamed push is counted as it arrives and refused once
+it passes `--max-push-bytes`, before the rest is read or allocated. A push that TensorFlow
+fails to apply (`ApplyError`) is INTERNAL. A pull that waits for a synchronous round holds
+a server thread for up to `MAX_ROUND_WAIT_S`: at most `max_waiting_pulls` wait at once, and
+one more is answered at once with the current version, as a pull without a wait would be,
+so pushes and other pulls always find a thread (the shard's pool has `SERVER_THREADS`).
+
 Register it with `add_to_server`, which passes the streamed RPCs' `TransferFrame`s as bytes.
 
 Example:
@@ -21,12 +29,15 @@ Example:
 import contextlib
 import logging
 import os
+import threading
 
 import grpc
 
 from elastic_keras.common import auth, checkpoint_layout, rpc
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
-from elastic_keras.common.errors import NotReadyError, PayloadError
+from elastic_keras.common.errors import (
+    ApplyError, NotReadyError, PayloadError, ReplacedLaunchError,
+)
 from elastic_keras.proto import pserver_pb2, pserver_pb2_grpc
 from elastic_keras.ps.checkpoint import save_shard
 from elastic_keras.ps.shard_types import Push, TableConfig, VariableOptions
@@ -35,8 +46,15 @@ logger = logging.getLogger(__name__)
 
 # The longest a pull waits for a synchronous round (the caller then asks again).
 MAX_ROUND_WAIT_S = 50.0
+# Above any sequence a worker makes (it starts at the clock in ns, 2**62 ns after 1970 is
+# in 2116): far from int64's end, so no sequence overflows.
+MAX_SEQUENCE = 1 << 62
 # The longest a checkpoint may hold pushes back (PrepareCheckpoint.hold_s).
 MAX_HOLD_S = 120.0
+# A shard's server threads (see `ps/main`), and how many of them pulls waiting for a round
+# may hold at once (a servicer on a server of `rpc`'s default pool waits with fewer).
+SERVER_THREADS = 4 * rpc.DEFAULT_SERVER_THREADS
+WAITING_PULLS = SERVER_THREADS - rpc.DEFAULT_SERVER_THREADS
 
 
 # Who may call what (see `auth.ServerAuth`): workers train, the master checkpoints and
@@ -64,6 +82,12 @@ def bind_worker(context, worker_id):
                       f"{caller.name} may not act as worker {worker_id}")
 
 
+def _launch(context):
+    """The launch of the worker calling (None: not known, on a server without auth)."""
+    caller = auth.caller(context)
+    return caller.incarnation if caller is not None else None
+
+
 def add_to_server(servicer, server):
     """Serves `servicer` on `server`, its streams' frames as bytes (see `rpc.add_servicer`)."""
     rpc.add_servicer(server, tensor_stream.PSERVER, servicer)
@@ -79,6 +103,12 @@ def _abort_on_domain_errors(context, method):
     except NotReadyError as exc:
         logger.info("%s refused: %s", method, exc)
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    except ApplyError as exc:
+        logger.error("%s failed: %s", method, exc, exc_info=exc.__cause__)
+        context.abort(grpc.StatusCode.INTERNAL, f"{method}: {exc}")
+    except ReplacedLaunchError as exc:
+        logger.warning("%s refused: %s", method, exc)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
 
 
 def _decode_all(tensors):
@@ -90,12 +120,15 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
 
     `ps_id` of `num_ps` is the shard's place in the job, which names its checkpoint files;
     it writes them into `checkpoint_dir` (absolute; empty: this shard takes no checkpoints)
-    and nowhere else.
+    and nowhere else. At most `max_waiting_pulls` pulls wait for a round at once: keep it
+    below the server's threads.
     """
 
     def __init__(self, parameters, transfer=tensor_stream.TransferOptions(), ps_id=0,
-                 num_ps=1, checkpoint_dir=""):
+                 num_ps=1, checkpoint_dir="", max_waiting_pulls=rpc.DEFAULT_SERVER_THREADS // 2):
         self._parameters = parameters
+        self._max_waiting_pulls = max_waiting_pulls
+        self._waiting_pulls = threading.BoundedSemaphore(max_waiting_pulls)
         self._transfer = transfer
         self._ps_id = ps_id
         self._num_ps = num_ps
@@ -116,7 +149,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             )
         return pserver_pb2.InitModelResponse(
             initialized_now=result.initialized_now, model_version=result.model_version,
-            applied_sequence=(self._parameters.applied_sequence(request.worker_id)
+            applied_sequence=(self._parameters.applied_sequence(request.worker_id,
+                                                                _launch(context))
                               if request.HasField("worker_id") else 0),
         )
 
@@ -125,8 +159,18 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         # A synchronous worker waits for its round; leave a margin of its deadline to answer.
         remaining = context.time_remaining()
         wait_s = max(0.0, min(MAX_ROUND_WAIT_S, (remaining or MAX_ROUND_WAIT_S) - 1.0))
-        result = self._parameters.pull(request.known_version, request.min_version, wait_s,
-                                       request.averaged, request.known_incarnation)
+        waits = wait_s > 0 and request.min_version > self._parameters.version
+        if waits and not self._waiting_pulls.acquire(blocking=False):
+            waits = False
+            logger.warning("%d pulls wait for a round already: one for version %d is answered "
+                           "at once.", self._max_waiting_pulls, request.min_version)
+        try:
+            result = self._parameters.pull(request.known_version, request.min_version,
+                                           wait_s if waits else 0.0, request.averaged,
+                                           request.known_incarnation)
+        finally:
+            if waits:
+                self._waiting_pulls.release()
         return result, self._transfer.encode(result.dense.items(), request.full_precision)
 
     def PullDense(self, request, context):
@@ -144,6 +188,10 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
 
     def _push(self, header, gradients, context, method):
         bind_worker(context, header.worker_id)
+        if not 0 <= header.sequence < MAX_SEQUENCE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{method}: sequence must be in [0, 2**62). "
+                          f"Received: sequence={header.sequence}")
         held = self._parameters.held(header.worker_id, header.sequence)
         if held is not None:  # answered before the gradients are decoded
             return pserver_pb2.PushGradientsResponse(
@@ -158,6 +206,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
                     gradients=tensor_stream.decode_tensors(gradients),
                     deltas=_decode_all(header.deltas),
                     incarnation=header.incarnation,
+                    launch=_launch(context),
                 )
             )
         if result.accepted and not self._first_push_accepted:
@@ -170,11 +219,18 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         )
 
     def PushGradients(self, request, context):
+        limit = self._parameters.limits.max_push_bytes
+        with _abort_on_domain_errors(context, "PushGradients"):
+            size = tensor_stream.payload_bytes([*request.gradients, *request.deltas])
+            if size > limit:
+                raise PayloadError(f"PushGradients may carry at most {limit} bytes of tensors "
+                                   f"(--max-push-bytes). Received: {size} bytes")
         return self._push(request, request.gradients, context, "PushGradients")
 
     def PushGradientsStream(self, request_iterator, context):
         with _abort_on_domain_errors(context, "PushGradientsStream"):
-            header, gradients = tensor_stream.read_push(request_iterator)
+            header, gradients = tensor_stream.read_push(
+                request_iterator, self._parameters.limits.max_push_bytes)
         return self._push(header, gradients, context, "PushGradientsStream")
 
     def PullEmbedding(self, request, context):

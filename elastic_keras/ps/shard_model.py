@@ -106,7 +106,13 @@ class ShardModel:
             PayloadError: see `updates.prepare_update` and `updates.check_table_rows`.
         """
         dense = tuple((n, g) for n, g in gradients if n not in self.tables)
-        rows = {n: check_table_rows(self.tables[n], g) for n, g in gradients if n in self.tables}
+        rows = {}
+        for name, value in gradients:
+            if name in rows:
+                raise PayloadError(f"Gradient of table {name!r}: each name may appear once. "
+                                   f"Received: {name!r} twice")
+            if name in self.tables:
+                rows[name] = check_table_rows(self.tables[name], value)
         return prepare_update(self.specs, dense, deltas), rows
 
     def apply(self, gradients, rows, deltas, step, lr_scale=1.0):
@@ -321,9 +327,13 @@ def _check_tables(tables, dense_values):
         if table.dim < 1 or table.input_dim < 0:
             raise PayloadError(f"{what}: dim must be >= 1 and input_dim >= 0. "
                                f"Received: dim={table.dim}, input_dim={table.input_dim}")
-        if np.dtype(table.dtype or "float32").kind != "f":
-            raise PayloadError(f"{what}: rows must be floating point. "
-                               f"Received: dtype={table.dtype!r}")
+        try:
+            floating = np.dtype(table.dtype or "float32").kind == "f"
+        except TypeError:  # not a dtype numpy knows
+            floating = False
+        if not floating:
+            raise PayloadError(f"{what}: rows must be floating point (a dtype such as "
+                               f"'float32'). Received: dtype={table.dtype!r}")
         try:
             check_initializer(table.initializer or "uniform", table.input_dim)
         except ModelSpecError as exc:

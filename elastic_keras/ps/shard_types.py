@@ -2,8 +2,8 @@
 
 Plain frozen dataclasses with no behaviour, shared by `Parameters` (the shard), its gRPC
 servicer, which translates them to and from protobuf messages, and `ps/checkpoint.py`, which
-writes a `Snapshot` to a shard file and reads it back. `DUPLICATE`, `STALE` and `HELD` start
-the `reason` of a `PushResult`.
+writes a `Snapshot` to a shard file and reads it back. `DUPLICATE`, `STALE`, `HELD` and
+`SKIPPED` start the `reason` of a `PushResult`.
 
 Example:
 
@@ -17,6 +17,7 @@ import dataclasses
 DUPLICATE = "duplicate"
 STALE = "stale"
 HELD = "held"
+SKIPPED = "skipped"  # acknowledged, none of it applied: it held NaN or Inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,9 @@ class Push:
     `gradients` holds `(name, value)` pairs, each value a numpy array (dense) or a
     `tensor_codec.Slices` (rows); `deltas` holds `(name, array)` pairs: what the step added
     to non-trainable variables. `(worker_id, sequence)` names the minibatch: a shard applies
-    a sequence at most once, so a resent push is a no-op where it was applied.
+    a sequence at most once, so a resent push is a no-op where it was applied. Sequences of
+    one `launch` of a worker never shadow another launch's: a later launch starts afresh,
+    and an earlier one, replaced, may push no more.
     """
 
     worker_id: int
@@ -35,11 +38,13 @@ class Push:
     gradients: tuple = ()
     deltas: tuple = ()
     incarnation: int = 0  # of the shard the gradients were computed against; 0: not known
+    launch: int | None = None  # the pushing worker's launch (its credential's); None: unknown
 
 
 @dataclasses.dataclass(frozen=True)
 class PushResult:
-    """`reason` is `DUPLICATE` for a push already applied, explains a rejection, else empty.
+    """`reason` is `DUPLICATE` for a push already applied, `SKIPPED` for one acknowledged but
+    not applied (it held NaN or Inf), explains a rejection, else empty.
 
     `stale` marks a push rejected for the version it was computed against: pull and retry.
     `held` marks one held back while the shard takes a checkpoint: send it again.

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from elastic_keras.common.errors import PayloadError
+from elastic_keras.common.errors import NonFiniteError, PayloadError
 from elastic_keras.common.transfer.tensor_codec import Slices
 
 _NAMES_IN_MESSAGES = 5
@@ -148,7 +148,10 @@ def check_table_rows(table, value):
     what = f"Gradient of table {table.name!r}"
     if not isinstance(value, Slices):
         raise PayloadError(f"{what}: must be sparse rows with ids. Received: a dense tensor")
-    ids, grads = value.ids, value.values
+    ids, grads = np.asarray(value.ids), value.values
+    if ids.ndim != 1 or (ids.dtype.kind not in "iu" and ids.size):
+        raise PayloadError(f"{what}: ids must be a 1-D integer tensor. "
+                           f"Received: dtype={ids.dtype.name}, shape={list(ids.shape)}")
     if grads.ndim != 2 or grads.shape[1] != table.dim:
         raise PayloadError(f"{what}: rows must have shape [n, {table.dim}]. "
                            f"Received: shape={list(grads.shape)}")
@@ -158,7 +161,56 @@ def check_table_rows(table, value):
     if table.input_dim and len(ids) and (ids.min() < 0 or ids.max() >= table.input_dim):
         raise PayloadError(f"{what}: ids must be in [0, {table.input_dim}). "
                            f"Received: ids from {ids.min()} to {ids.max()}")
-    return ids, grads
+    # A table without input_dim takes any int64 id, negative ones included (see `IdMap`).
+    return ids.astype(np.int64, copy=False), grads
+
+
+def non_finite(gradients, deltas):
+    """`[(what, NaN count, Inf count)]` of the floating tensors of a push that hold NaN or
+    Inf: its `(name, value)` gradients (arrays or `Slices`, dense or table rows) and deltas.
+    """
+    found = []
+    for kind, pairs in (("Gradient", gradients), ("Delta", deltas)):
+        for name, value in pairs:
+            array = np.asarray(value.values if isinstance(value, Slices) else value)
+            if array.dtype.kind != "f" or np.isfinite(array).all():
+                continue
+            found.append((f"{kind} {name!r}", int(np.count_nonzero(np.isnan(array))),
+                          int(np.count_nonzero(np.isinf(array)))))
+    return found
+
+
+def non_finite_error(found, push):
+    """The `NonFiniteError` refusing `push`, whose tensors `non_finite` `found` bad."""
+    what, nans, infs = found[0]
+    more = f" (and {len(found) - 1} more tensors)" if len(found) > 1 else ""
+    return NonFiniteError(
+        f"Push from worker {push.worker_id} (sequence {push.sequence}): gradients and deltas "
+        f"must be finite (--non-finite-gradients fail); nothing of the push was applied. "
+        f"Received: {what} with {nans} NaN and {infs} Inf{more}")
+
+
+def check_sizes(dense, tables, limits):
+    """Checks an InitModel's `(name, array)` dense values and `TableConfig`s against the
+    shard's `PayloadLimits` (`--max-variable-elements`, `--max-embedding-dim`).
+
+    Raises:
+        PayloadError: a variable or a table's rows larger than the bound.
+    """
+    for name, value in dense:
+        if isinstance(value, Slices):
+            continue  # refused by `check_initial_values`
+        size = int(np.prod(np.shape(value), dtype=object))
+        if size > limits.max_variable_elements:
+            raise PayloadError(
+                f"InitModel tensor {name!r}: a variable may have at most "
+                f"{limits.max_variable_elements} elements (--max-variable-elements). "
+                f"Received: shape={list(np.shape(value))}")
+    for table in tables:
+        if table.dim > limits.max_embedding_dim:
+            raise PayloadError(
+                f"Embedding table {table.name!r}: dim may be at most "
+                f"{limits.max_embedding_dim} (--max-embedding-dim). Received: dim={table.dim}")
 
 
 def _check_name(name, seen, what):
@@ -215,11 +267,16 @@ def _sparse_gradient(what, value, spec):
             f"{what}: dense_shape must be the variable's shape {list(spec.shape)}. "
             f"Received: dense_shape={list(value.dense_shape)}"
         )
-    if len(value.ids) and value.ids.max() >= rows:
+    ids = np.asarray(value.ids)
+    if ids.ndim != 1 or (ids.dtype.kind not in "iu" and ids.size):
+        raise PayloadError(f"{what}: row ids must be a 1-D integer tensor. "
+                           f"Received: dtype={ids.dtype.name}, shape={list(ids.shape)}")
+    if len(ids) and (ids.min() < 0 or ids.max() >= rows):
+        bad = ids.min() if ids.min() < 0 else ids.max()
         raise PayloadError(
-            f"{what}: row ids must be below the variable's {rows} rows. "
-            f"Received: id {int(value.ids.max())}"
+            f"{what}: row ids must be in [0, {rows}), the variable's rows. Received: id {bad}"
         )
+    value = value._replace(ids=ids.astype(np.int64, copy=False))
     values = _cast(what, value.values, spec)
     ids, values = _sum_repeated_ids(value.ids, values)
     return tf.IndexedSlices(

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_keras.common.errors import NotReadyError
+from elastic_keras.common.errors import NotReadyError, PayloadError
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.shard_types import Push, VariableOptions
@@ -86,7 +86,12 @@ def test_a_restarted_shard_refuses_what_was_computed_against_its_earlier_run():
     assert not after.pull(known_version=5, known_incarnation=after.incarnation).dense
     stale = push(after, 0, 2, version=5, incarnation=before.incarnation)
     assert stale.stale and "earlier run" in stale.reason
-    future = push(after, 0, 2, version=9, incarnation=after.incarnation)
+    # A version above this run's, from this run, no pull gave: malformed, not stale.
+    with pytest.raises(PayloadError, match="model_version must be one this shard gave.*"
+                       "Received: model_version=9"):
+        push(after, 0, 2, version=9, incarnation=after.incarnation)
+    # From a run it does not name, it may come from an earlier run that went further.
+    future = push(after, 0, 2, version=9, incarnation=0)
     assert future.stale and "has not reached" in future.reason
     assert push(after, 0, 2, version=5, incarnation=after.incarnation).accepted
     # The tables' sparse optimizer counts updates, not versions: the jump does not skip

@@ -9,12 +9,17 @@ import pytest
 
 from elastic_keras.common.transfer.tensor_codec import Slices
 from elastic_keras.ps import optimizer as optimizer_module
+from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.shard_types import Push
 
 RNG = np.random.default_rng(11)
 TABLE = RNG.standard_normal((20, 4)).astype(np.float32)
 KERNEL = RNG.standard_normal((4, 3)).astype(np.float32)
+
+
+def sgd(learning_rate):
+    return json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(learning_rate)))
 
 
 def adam():
@@ -84,14 +89,30 @@ def test_gradients_of_other_float_dtypes_are_cast(dtype):
     np.testing.assert_allclose(parameters.pull().dense["kernel"], KERNEL - 1, rtol=1e-6)
 
 
-def test_a_push_with_no_gradients_still_counts_as_a_version():
+def test_an_empty_push_is_acknowledged_without_a_version_when_asynchronous():
     parameters = shard()
-    assert parameters.push(Push(0, 1)).model_version == 1
+    result = parameters.push(Push(0, 1))
+    assert (result.accepted, result.model_version, result.reason) == (True, 0, "")
     np.testing.assert_array_equal(parameters.pull().dense["kernel"], KERNEL)
+    # Its sequence is used (a resend is a duplicate) and it counts as the worker's push.
+    assert parameters.push(Push(0, 1)).reason == "duplicate"
+    assert parameters.applied_sequence(0) == 1 and parameters.applied_pushes == {0: 1}
+    assert parameters.push(Push(0, 2, gradients=[("kernel", KERNEL)])).model_version == 1
+
+
+def test_an_empty_push_counts_in_its_synchronous_round():
+    parameters = Parameters(UpdatePolicy(grads_to_wait=2))
+    parameters.init_model([("kernel", KERNEL)], sgd(1.0))
+    assert parameters.push(Push(0, 1)).model_version == 0
+    assert parameters.pending_pushes == 1
+    # The round closes with two pushes, the empty one a zero: the gradient is halved.
+    assert parameters.push(Push(1, 1, gradients=[("kernel", np.ones_like(KERNEL))])
+                           ).model_version == 1
+    np.testing.assert_allclose(parameters.pull().dense["kernel"], KERNEL - 0.5)
 
 
 def test_a_shard_may_hold_no_variables():
     parameters = Parameters()
     assert parameters.init_model([], adam()).initialized_now
-    assert parameters.push(Push(0, 1)).model_version == 1
+    assert parameters.push(Push(0, 1)).accepted
     assert parameters.pull().dense == {}

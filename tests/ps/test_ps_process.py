@@ -32,6 +32,7 @@ class MinimalMaster(master_pb2_grpc.MasterServicer):
         self.registered = False
         self.finished = threading.Event()
         self._versions = []
+        self.non_finite_pushes = 0  # as the last report says
         self._versions_changed = threading.Condition()
 
     def RegisterPS(self, request, context):
@@ -47,12 +48,18 @@ class MinimalMaster(master_pb2_grpc.MasterServicer):
     def ReportVersion(self, request, context):
         with self._versions_changed:
             self._versions.append(request.model_version)
+            self.non_finite_pushes = request.non_finite_pushes
             self._versions_changed.notify_all()
         return master_pb2.ReportVersionResponse()
 
     def wait_for_version(self, version, timeout_s):
         with self._versions_changed:
             return self._versions_changed.wait_for(lambda: version in self._versions, timeout_s)
+
+    def wait_for_non_finite(self, count, timeout_s):
+        with self._versions_changed:
+            return self._versions_changed.wait_for(lambda: self.non_finite_pushes == count,
+                                                   timeout_s)
 
 
 def serve(servicer, port=0):
@@ -160,8 +167,14 @@ def test_ps_registers_serves_reports_its_version_and_exits_when_job_finishes(
     pushed = stub.PushGradients(pserver_pb2.PushGradientsRequest(
         worker_id=0, sequence=1, gradients=[tensor_codec.encode("w", np.ones(2, np.float32))]))
     assert pushed.model_version == 1
+    with pytest.raises(grpc.RpcError) as refused:  # NaN: refused, counted, reported
+        stub.PushGradients(pserver_pb2.PushGradientsRequest(
+            worker_id=0, sequence=2,
+            gradients=[tensor_codec.encode("w", np.array([np.nan, 1], np.float32))]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     channel.close()
     assert master.wait_for_version(1, timeout_s=10), output(process)
+    assert master.wait_for_non_finite(1, timeout_s=10), output(process)
 
     master.finished.set()
     assert wait_exit(process, 15) == 0, output(process)

@@ -283,7 +283,8 @@ BAD_PUSHES = {
             "embedding/embeddings", np.ones((2, 2), np.float32), [3, 10], (10, 2))]), "10"),
     "sparse id out of range, unbounded dense_shape": (
         dict(gradients=[tensor_codec.encode_slices(
-            "embedding/embeddings", np.ones((2, 2), np.float32), [3, 10], (0, 2))]), "below"),
+            "embedding/embeddings", np.ones((2, 2), np.float32), [3, 10], (0, 2))]),
+        "must be in [0, 10)"),
     "sparse row shape": (
         dict(gradients=[tensor_codec.encode_slices(
             "embedding/embeddings", np.ones((1, 3), np.float32), [3], (10, 3))]), "row shape"),

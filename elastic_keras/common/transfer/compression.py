@@ -7,7 +7,11 @@ format: it sends each chunk either with snappy or raw (see `AutoCodec`).
 
 A codec never makes a chunk bigger: `pack` sends a chunk raw, labelled "none", when the
 codec's output is not smaller than its input. Decompression checks that the output has
-exactly the size the chunk announced and raises `PayloadError` otherwise.
+exactly the size the chunk announced and raises `PayloadError` otherwise. Before any output
+buffer is allocated, `check_raw_size` refuses an announced size that the data cannot hold
+(more than the format's `EXPANSION` times its bytes: snappy stands for at most about 21.3
+bytes per byte, lz4 for about 255) or that is above the caller's limit, so a small corrupt
+or hostile chunk cannot make a receiver allocate much.
 
 Example:
 
@@ -32,6 +36,21 @@ class Codec(abc.ABC):
     """Compresses and decompresses one chunk of bytes; stateless and thread-safe."""
 
     name = ""
+    # The most raw bytes one byte of the format can stand for, and a constant beside.
+    EXPANSION, SLACK = 1, 0
+
+    def check_raw_size(self, size, raw_size, limit=None):
+        """Raises `PayloadError` unless `size` bytes of this format can decompress to
+        `raw_size` bytes and `raw_size` is at most `limit` (None: no limit). Allocates nothing.
+        """
+        most = size * self.EXPANSION + self.SLACK
+        if raw_size > most:
+            raise PayloadError(
+                f"{self.name} data must decompress to {raw_size} bytes, as announced, and "
+                f"{size} bytes of it decompress to at most {most}. Received: {size} bytes")
+        if limit is not None and raw_size > limit:
+            raise PayloadError(f"{self.name} data may decompress to at most {limit} bytes "
+                               f"here. Received: data announcing {raw_size} bytes")
 
     @abc.abstractmethod
     def compress(self, data):
@@ -45,12 +64,15 @@ class Codec(abc.ABC):
             PayloadError: `data` is corrupt or does not decompress to `len(out)` bytes.
         """
 
-    def decompress(self, data, expected_size):
+    def decompress(self, data, expected_size, limit=None):
         """Returns `data` decompressed, as `bytes` of length `expected_size`.
 
         Raises:
-            PayloadError: `data` is corrupt or does not decompress to `expected_size` bytes.
+            PayloadError: `data` is corrupt, does not decompress to `expected_size` bytes, or
+                `expected_size` is above `limit` or more than `data` can hold (checked before
+                allocating, see `check_raw_size`).
         """
+        self.check_raw_size(len(data), expected_size, limit)
         out = bytearray(expected_size)
         self.decompress_into(data, memoryview(out))
         return bytes(out)
@@ -85,7 +107,8 @@ class NoneCodec(Codec):
             raise self._size_error(len(out), f"{len(data)} bytes")
         out[:] = data
 
-    def decompress(self, data, expected_size):
+    def decompress(self, data, expected_size, limit=None):
+        self.check_raw_size(len(data), expected_size, limit)
         if len(data) != expected_size:
             raise self._size_error(expected_size, f"{len(data)} bytes")
         return bytes(data)
@@ -98,6 +121,7 @@ class SnappyCodec(Codec):
     """Snappy's raw format (no framing), through cramjam."""
 
     name = "snappy"
+    EXPANSION, SLACK = 22, 64  # a 3-byte copy stands for up to 64 bytes
 
     def compress(self, data):
         return bytes(cramjam.snappy.compress_raw(data))
@@ -119,6 +143,7 @@ class Lz4Codec(Codec):
     """LZ4's block format without a size prefix, through cramjam."""
 
     name = "lz4"
+    EXPANSION, SLACK = 255, 64  # each 0xFF length byte stands for 255 more bytes
 
     def compress(self, data):
         return bytes(cramjam.lz4.compress_block(data, store_size=False))

@@ -87,6 +87,9 @@ class TensorJoiner:
     may read its own fields of each frame's message (e.g. a request-level one) beside `add`.
     The tensors' `content` and `ids` are `memoryview`s, filled chunk by chunk.
 
+    `max_bytes` (None: no limit) bounds the raw bytes of all the stream's tensors together:
+    a header announcing more is refused before anything is allocated for it.
+
     Example:
 
         joiner = TensorJoiner()
@@ -95,7 +98,9 @@ class TensorJoiner:
         tensors = joiner.finish()
     """
 
-    def __init__(self):
+    def __init__(self, max_bytes=None):
+        self._max_bytes = max_bytes
+        self._announced = 0   # raw bytes the headers so far announced
         self._tensors = []
         self._header = None   # of the tensor being received
         self._fields = ()     # its content and ids _Fields
@@ -153,6 +158,10 @@ class TensorJoiner:
                 f"the header must announce {expected[0]} content and {expected[1]} ids "
                 f"bytes for its dtype and shape",
                 f"content_size={announced[0]}, ids_size={announced[1]}", name=header.name)
+        self._announced += sum(announced)
+        if self._max_bytes is not None and self._announced > self._max_bytes:
+            raise self._error(f"a stream may carry at most {self._max_bytes} bytes of tensors",
+                              f"{self._announced} bytes up to this tensor", name=header.name)
         self._header = transfer_pb2.TensorHeader()
         self._header.CopyFrom(header)  # keeps no reference into the caller's message
         self._fields = [_Field(*field) for field in fields]
@@ -192,7 +201,9 @@ class TensorJoiner:
             raise self._error(f"{where} fails its checksum (corrupted in transit)",
                               f"XXH3-64 0x{chunk.checksum:016x} sent, 0x{sent:016x} of the data")
         try:
-            field.take(compression.wire_codec(chunk.codec), data, chunk.raw_size)
+            codec = compression.wire_codec(chunk.codec)
+            codec.check_raw_size(chunk.size, chunk.raw_size)  # before allocating
+            field.take(codec, data, chunk.raw_size)
         except PayloadError as exc:
             raise PayloadError(f"Tensor {self._header.name!r}: {where}: {exc}") from exc
         if field.next_index == field.count:

@@ -18,6 +18,7 @@ Example:
     [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 """
 
+import math
 from typing import NamedTuple
 
 import ml_dtypes
@@ -35,6 +36,8 @@ _TO_WIRE = {
     np.dtype(np.int64): tensor_pb2.DT_INT64,
 }
 _FROM_WIRE = {wire: dtype.newbyteorder("<") for dtype, wire in _TO_WIRE.items()}
+# No tensor is larger (1 TiB): a shape announcing more is malformed, whatever its bytes.
+MAX_TENSOR_BYTES = 1 << 40
 
 
 class WireTensor(NamedTuple):
@@ -159,10 +162,15 @@ def _check(condition, tensor, rule, received):
 
 def _content_layout(tensor):
     dtype = _FROM_WIRE.get(tensor.dtype)
-    _check(dtype is not None, tensor, "unknown dtype", f"dtype={tensor.dtype}")
+    _check(dtype is not None, tensor, "unknown dtype: it must be one of the wire's "
+           f"{sorted(_FROM_WIRE)}", f"dtype={tensor.dtype}")
     shape = tuple(tensor.shape)
     _check(all(d >= 0 for d in shape), tensor, "dimensions must be >= 0", f"shape={shape}")
-    return dtype, shape, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Python integers: no overflow. Zero dimensions aside, so numpy can lay the shape out.
+    _check(math.prod(max(d, 1) for d in shape) * dtype.itemsize <= MAX_TENSOR_BYTES, tensor,
+           f"a tensor may hold at most {MAX_TENSOR_BYTES} bytes (its dimensions other than 0 "
+           "multiplied)", f"shape={shape}")
+    return dtype, shape, math.prod(shape) * dtype.itemsize
 
 
 def byte_sizes(tensor):
@@ -170,7 +178,7 @@ def byte_sizes(tensor):
     `tensor` (a `Tensor`, `WireTensor` or `transfer_pb2.TensorHeader`) must hold.
 
     Raises:
-        PayloadError: unknown dtype or negative dimension.
+        PayloadError: unknown dtype, negative dimension, or more than `MAX_TENSOR_BYTES`.
     """
     _, shape, content = _content_layout(tensor)
     return content, (shape[0] * 8 if tensor.dense_shape and shape else 0)
@@ -184,8 +192,9 @@ def decode(tensor):
     writing to it.
 
     Raises:
-        PayloadError: unknown dtype, negative dimension, content size not matching dtype and
-            shape, or ids not matching the rows or outside the dense shape.
+        PayloadError: unknown dtype, negative dimension, a shape of more than
+            `MAX_TENSOR_BYTES`, content size not matching dtype and shape, or ids not
+            matching the rows or outside the dense shape.
     """
     dtype, shape, expected = _content_layout(tensor)
     # Each read of a message's bytes field copies them: read each field once.
@@ -208,6 +217,8 @@ def decode(tensor):
            "a sparse tensor needs one id per row", f"{len(ids)} ids for shape {shape}")
     _check(len(dense_shape) == len(shape) and dense_shape[1:] == shape[1:], tensor,
            f"dense_shape must be [rows, {', '.join(map(str, shape[1:]))}]",
+           f"dense_shape={dense_shape}")
+    _check(dense_shape[0] >= 0, tensor, "dense_shape[0] must be >= 0 (0: ids unbounded)",
            f"dense_shape={dense_shape}")
     if len(ids) and dense_shape[0] > 0:
         _check(ids.min() >= 0, tensor, "ids must be >= 0", f"min id {ids.min()}")

@@ -174,18 +174,29 @@ def push_parts(header, tensors, options):
         yield chunking.encode_frame(frame)
 
 
-def read_push(frames):
+def read_push(frames, max_bytes=None):
     """`(PushHeader, [WireTensor])` of a streamed push from its frames (bytes): every part
     read, every chunk checked.
 
+    Args:
+        frames: the parts as they arrive (e.g. a streaming servicer's request iterator).
+        max_bytes: the most bytes of frames to read, and of tensors to rebuild (None: no
+            limit); checked as each frame arrives and each header is read, so a larger push
+            is refused before the rest of it is received or allocated.
+
     Raises:
         PayloadError: no parts, a header missing from the first part or repeated in another,
-            a malformed frame, or a corrupt, missing, duplicated or reordered chunk (see
-            `chunking`).
+            a malformed frame, a corrupt, missing, duplicated or reordered chunk (see
+            `chunking`), or more than `max_bytes`.
     """
-    joiner = joining.TensorJoiner()
+    joiner = joining.TensorJoiner(max_bytes)
     header = None
+    received = 0
     for index, raw in enumerate(frames):
+        received += len(raw)
+        if max_bytes is not None and received > max_bytes:
+            raise PayloadError(f"A streamed push may hold at most {max_bytes} bytes. "
+                               f"Received: {received} bytes by part {index}")
         frame = chunking.decode_frame(raw, pserver_pb2.PushGradientsPart)
         if frame.message.HasField("header") != (index == 0):
             where = "is missing from the first part" if index == 0 else f"repeats in part {index}"

@@ -73,6 +73,10 @@ def _tensor(**fields):
         (dict(ids=_ids(0, -1), dense_shape=[5, 2]), "ids must be >= 0"),
         (dict(ids=b"\0" * 12, dense_shape=[5, 2]), "whole int64 values"),
         (dict(ids=_ids(0, 1)), "ids need a dense_shape"),
+        # 2**64 elements: an int64 product wraps to 0, which empty content would match.
+        (dict(shape=[1 << 32, 1 << 32], content=b""), "at most 1099511627776 bytes"),
+        (dict(shape=[1 << 40, 1 << 40, 0], content=b""), "at most"),
+        (dict(ids=_ids(0, -1), dense_shape=[-5, 2]), r"dense_shape\[0\] must be >= 0"),
     ],
 )
 def test_bad_payloads_are_rejected(fields, message):
