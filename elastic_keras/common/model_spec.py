@@ -5,6 +5,8 @@ collects the functions the contract asks for into a `ModelSpec`, rejecting a mis
 non-callable name at once. `ModelSpec.check` goes one step further and calls `optimizer()` and `custom_model()` to see
 that they return what they must; it is a separate step because building a model costs time
 and leaves layers in Keras' global state, which the caller may want to clear afterwards.
+What only shows while training, the worker checks with `ModelSpec.apply_dataset_fn` (the
+structure of `dataset_fn`'s elements) and `ModelSpec.check_loss` (a scalar loss).
 
 Example:
 
@@ -128,6 +130,51 @@ class ModelSpec:
             if not isinstance(callbacks, (list, tuple)):
                 raise self._wrong_return("callbacks", "a list of callbacks", callbacks)
 
+    def apply_dataset_fn(self, dataset, mode, metadata):
+        """`dataset_fn(dataset, mode, metadata)`, checked against the contract.
+
+        Returns:
+            The `tf.data.Dataset` it returned.
+
+        Raises:
+            ModelSpecError: it returned no `tf.data.Dataset`, or, in a mode other than
+                prediction, one whose elements are not `(features, labels)` pairs.
+        """
+        import tensorflow as tf  # the master's and the CLI's imports stay light
+
+        returned = self.dataset_fn(dataset, mode, metadata)
+        call = f"Model module '{self.module_name}': `dataset_fn(dataset, mode='{mode}', metadata)`"
+        if not isinstance(returned, tf.data.Dataset):
+            raise ModelSpecError(f"{call} must return a tf.data.Dataset. "
+                                 f"Received: {_describe(returned)}")
+        elements = returned.element_spec
+        if mode != Mode.PREDICTION and not (isinstance(elements, tuple) and len(elements) == 2):
+            raise ModelSpecError(
+                f"{call} must return a dataset of (features, labels) pairs (features alone "
+                f"only in mode 'prediction'). Received: a dataset of "
+                f"{_describe_elements(elements)}"
+            )
+        return returned
+
+    def check_loss(self, loss):
+        """Raises `ModelSpecError` unless `loss`, what `loss(labels, predictions)` returned,
+        is a scalar (a loss whose rank is unknown while tracing passes: its shape shows only
+        when it runs).
+
+        Example:
+
+            >>> spec.check_loss(tf.constant([0.5, 0.25]))  # doctest: +SKIP
+            ModelSpecError: ... Received: a tensor of shape (2,)
+        """
+        shape = getattr(loss, "shape", ())
+        rank = shape.rank if hasattr(shape, "rank") else len(shape)
+        if rank:
+            raise ModelSpecError(
+                f"Model module '{self.module_name}': `loss(labels, predictions)` must return a "
+                "scalar, the minibatch's loss (e.g. tf.reduce_mean of the per-example losses); "
+                f"it is not averaged for you. Received: a tensor of shape {tuple(shape)}"
+            )
+
     def _call(self, name, fn):
         try:
             return fn()
@@ -142,6 +189,17 @@ class ModelSpec:
             f"Model module '{self.module_name}': `{name}()` must return {expected}. "
             f"Received: {_describe(value)}"
         )
+
+
+def _describe_elements(elements):
+    """What a dataset's `element_spec` holds, in a few words."""
+    if isinstance(elements, tuple):
+        return f"tuples of {len(elements)}"
+    if isinstance(elements, dict):
+        return f"dicts with keys {sorted(elements)}"
+    if hasattr(elements, "shape") and hasattr(elements, "dtype"):
+        return f"single {elements.dtype.name} tensors of shape {tuple(elements.shape)}"
+    return type(elements).__name__
 
 
 def check_model_spec(spec: ModelSpec) -> None:

@@ -132,6 +132,11 @@ class RecordReader(abc.ABC):
                 f"{exc.strerror or exc}. Received: path={self._path!r}"
             ) from exc
 
+    def describe_record(self, record) -> str:
+        """Record `record` (its 0-based index in the file) in words, for error messages:
+        "record 7 of data/train.csv (line 9)" for CSV, "record 7 of data/a.tfrecord"."""
+        return f"record {record} of {self._path}"
+
     def _read_column_names(self) -> tuple[str, ...]:
         """The file's column names, read before indexing; none by default."""
         return ()

@@ -65,6 +65,20 @@ class CSVReader(RecordReader):
             )
         return names
 
+    def describe_record(self, record):
+        """Also gives the record's line in the file (1-based; the header is line 1)."""
+        end = int(self._offsets[min(max(record, 0), self.num_records)])
+        lines = 1  # the record's own line
+        with open(self._path, "rb") as f:
+            position = 0
+            while position < end:
+                block = f.read(min(_SCAN_BLOCK, end - position))
+                if not block:
+                    break
+                lines += block.count(b"\n")
+                position += len(block)
+        return f"{super().describe_record(record)} (line {lines})"
+
     def _scan(self, file, file_size):
         newlines, cr_before = _find_newlines(file, self._header_end)
         if file_size > (int(newlines[-1]) + 1 if len(newlines) else self._header_end):

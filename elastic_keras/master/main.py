@@ -2,7 +2,8 @@
 `elastic-keras train` command and `elastic_keras.train()` all end in `run_job`.
 
 Exit codes of `main`: 0 the job succeeded; 1 it failed; 2 bad flags, model module, data or
-checkpoint directory (nothing was launched); 130 interrupted (Ctrl-C or SIGTERM).
+checkpoint directory (nothing was launched, or a worker found the module breaking the
+contract at its first step: the job failed at once); 130 interrupted (Ctrl-C or SIGTERM).
 """
 
 import argparse
@@ -50,7 +51,9 @@ def run_job(config):
     """Loads and checks the model module, then runs the job to its end; its `JobSummary`.
 
     Raises:
-        ConfigError, ModelSpecError, DataError: before anything is launched.
+        ConfigError, ModelSpecError, DataError: before anything is launched; ModelSpecError
+            also once the job failed because a worker found the module breaking the contract
+            (its summary is written).
     """
     instance_manager.engine_type(config.engine)  # a bad --engine: before anything loads
     spec = load_model_spec(config.model_zoo, config.model_def)
@@ -62,7 +65,9 @@ def run_job(config):
     root.handlers[0].setFormatter(logging.Formatter(LOG_FORMAT))
     master = Master(config, spec, console=console)
     with _sigterm_as_interrupt():
-        return master.run()
+        summary = master.run()
+    master.reports.raise_for_bad_module(summary.error)
+    return summary
 
 
 def print_summary(summary, stream=None):

@@ -42,7 +42,7 @@ from elastic_keras.master.roles import Roles
 from elastic_keras.master.servicer import AUTHORITY, MasterServicer
 from elastic_keras.master.summary import INTERRUPTED, RunFacts, build_summary
 from elastic_keras.master.tensorboard import EventWriter
-from elastic_keras.master.watchdog import stop_unresponsive_roles
+from elastic_keras.master.watchdog import watch
 from elastic_keras.proto import master_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class Master:
             if self._error:
                 return
             self._apply_scale()
-            stop_unresponsive_roles(self.config, self.membership, tasks, self.roles)
+            self._error = watch(self.config, self.membership, tasks, self.roles)
             epoch = tasks.epoch_finished()
             if epoch is not None:
                 logger.info("Epoch %d trained (model version %d)", epoch + 1, self.model_version)
@@ -394,6 +394,7 @@ class Master:
                        training_started=self.reports.first_task_at,
                        training_ended=self._training_ended_at,
                        records=self.reports.throughput.records, num_workers=num_workers,
-                       resumed_from=self._resumed_from, pushes=self.reports.pushes.by_worker())
+                       resumed_from=self._resumed_from, pushes=self.reports.pushes.by_worker(),
+                       skipped=self.reports.skipped_minibatches())
         return build_summary(self.config, run, self._job_state(), self.tasks, self.membership,
                              self.checkpoints)

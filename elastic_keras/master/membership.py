@@ -18,6 +18,8 @@ class Membership:
         self._ps_applied = {}     # ps id -> {worker id: pushes applied}
         self._workers = set()
         self._last_seen = {}
+        self._ps_non_finite = {}  # ps id -> NaN/Inf pushes its current run refused or skipped
+        self._non_finite_before = 0  # those counted by shards' earlier runs
 
     def register_ps(self, ps_id, address):
         with self._lock:
@@ -81,13 +83,23 @@ class Membership:
             return role_id in self._workers
 
     def report_version(self, ps_id, version, staleness_counts=(), stale_rejections=0,
-                       pending_pushes=0, applied_pushes=None):
+                       pending_pushes=0, applied_pushes=None, non_finite_pushes=0):
         with self._lock:
+            last = self._ps_non_finite.get(ps_id, 0)
+            if non_finite_pushes < last:  # a relaunched shard counts from 0 again
+                self._non_finite_before += last
+            self._ps_non_finite[ps_id] = non_finite_pushes
             self._ps_applied[ps_id] = dict(applied_pushes or {})
             self._ps_versions[ps_id] = max(version, self._ps_versions.get(ps_id, 0))
             self._ps_staleness[ps_id] = (list(staleness_counts), stale_rejections)
             self._ps_pending[ps_id] = pending_pushes
             self._ps_reported[ps_id] = time.monotonic()
+
+    @property
+    def non_finite_pushes(self):
+        """Pushes holding NaN or Inf the shards refused or skipped, in the whole job."""
+        with self._lock:
+            return self._non_finite_before + sum(self._ps_non_finite.values())
 
     def staleness(self):
         """Per shard: `{"applied_by_staleness": [...], "rejected_as_stale": n}`."""

@@ -2,8 +2,10 @@
 
 The servicer calls in here from gRPC threads: `get_task`, `report_progress`,
 `report_task_result`. The reports feed the task queue, the training throughput and loss, the
-push account, the evaluation results and the highest model version seen; the main loop
-reads them back for its policy and for the progress line.
+push account, the minibatches workers skipped (`skipped_minibatches`), the evaluation results
+and the highest model version seen; the main loop reads them back for its policy and for
+the progress line. A result marked fatal (no retry can help) fails the job at once; `fatal`
+keeps why ("model_module": the job then ends as a bad model module does).
 """
 
 import logging
@@ -11,6 +13,7 @@ import os
 import threading
 import time
 
+from elastic_keras.common.errors import ModelSpecError
 from elastic_keras.master.push_account import PushAccount
 from elastic_keras.master.tasks import TaskOutcome, TaskType
 from elastic_keras.master.throughput import Throughput
@@ -18,6 +21,8 @@ from elastic_keras.master.throughput import Throughput
 logger = logging.getLogger(__name__)
 
 EVENTS_EVERY_S = 5.0  # how often training scalars go to the TensorBoard event file
+# `ReportTaskResultRequest.fatal` of a model module that breaks the contract.
+BAD_MODULE = "model_module"
 
 
 class Reports:
@@ -42,6 +47,8 @@ class Reports:
         self._lock = threading.Lock()
         self._model_version = 0
         self._events_at = 0.0
+        self._skipped = {}  # task id -> (worker id, {reason: minibatches}), per attempt
+        self.fatal = ""  # why the first fatal task result could not be retried
 
     @property
     def model_version(self):
@@ -55,9 +62,18 @@ class Reports:
             self._model_version = max(self._model_version, version)
 
     def get_task(self, worker_id):
-        """The next task for `worker_id`, or None (see `no_more_tasks` for why)."""
+        """The next task for `worker_id`, or None (see `no_more_tasks` for why).
+
+        A worker runs one task at a time: one it still holds, it has given up (its reply was
+        lost, or it is another launch's), so it is re-queued from the last record reported,
+        as a lost worker's would be. No worker holds more than one task.
+        """
         if self.tasks is None or self.no_more_tasks:
             return None
+        held = self.tasks.recover_worker(worker_id)
+        if held:
+            logger.warning("Worker %d asked for a task while holding %d; re-queued it from its "
+                           "last progress report", worker_id, held)
         task = self.tasks.get(worker_id)
         if task is not None and self.first_task_at is None:
             self.first_task_at = time.time()
@@ -78,10 +94,11 @@ class Reports:
         return True
 
     def report_progress(self, worker_id, task_id, records_done, loss, model_version,
-                        minibatches=0):
+                        minibatches=0, skipped=None):
         if self._another_workers(worker_id, task_id):
             return
         self.note_version(model_version)
+        self._note_skipped(task_id, worker_id, skipped)
         if minibatches:
             self.pushes.report(task_id, worker_id, minibatches)
         before = self.tasks.records_done(task_id)
@@ -90,16 +107,22 @@ class Reports:
 
     def report_task_result(self, worker_id, task_id, records_done, error, loss,
                            model_version, metric_states, abandoned=False, minibatches=0,
-                           dropped=None):
+                           dropped=None, fatal="", skipped=None):
         if self._another_workers(worker_id, task_id):
             return
         self.note_version(model_version)
         if minibatches or dropped:
             self.pushes.report(task_id, worker_id, minibatches, dropped)
+        self._note_skipped(task_id, worker_id, skipped)
         before = self.tasks.records_done(task_id)
-        task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned)
+        fatal = fatal if error and not abandoned else ""
+        task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned,
+                                                 fatal=bool(fatal))
         if task is None:
             return
+        if fatal and outcome == TaskOutcome.FAILED:
+            with self._lock:
+                self.fatal = self.fatal or fatal
         if task.type == TaskType.TRAINING:
             trained = records_done if error or abandoned else task.num_records
             self.throughput.add(max(0, trained - before), None if error else loss)
@@ -111,6 +134,34 @@ class Reports:
         elif error:
             logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
                            task.type.value, task_id, outcome.value, error)
+
+    def raise_for_bad_module(self, error):
+        """Raises `ModelSpecError(error)` if the job failed because a worker found the model
+        module breaking the contract (as the module check before launch would)."""
+        if self.fatal == BAD_MODULE:
+            raise ModelSpecError(error)
+
+    def _note_skipped(self, task_id, worker_id, skipped):
+        """Records a task attempt's skipped minibatches so far (counted from its start)."""
+        if not skipped:
+            return
+        with self._lock:
+            _, known = self._skipped.get(task_id, (worker_id, {}))
+            merged = {reason: max(n, known.get(reason, 0)) for reason, n in skipped.items()}
+            self._skipped[task_id] = (worker_id, {**known, **merged})
+
+    def skipped_minibatches(self):
+        """(`{reason: n}` over the job, `{worker id as text: {reason: n}}`): training
+        minibatches workers did not push (a NaN loss with --on-non-finite-loss skip)."""
+        total, by_worker = {}, {}
+        with self._lock:
+            attempts = sorted(self._skipped.values(), key=lambda a: a[0])
+        for worker_id, counts in attempts:
+            mine = by_worker.setdefault(str(worker_id), {})
+            for reason, n in sorted(counts.items()):
+                total[reason] = total.get(reason, 0) + n
+                mine[reason] = mine.get(reason, 0) + n
+        return total, by_worker
 
     def show(self, console, num_epochs, events=None):
         """Updates the progress line, and every `EVENTS_EVERY_S` the training scalars."""

@@ -2,7 +2,11 @@
 
 Every call has passed `auth.ServerAuth` (a valid credential of a role the method is for,
 see `AUTHORITY`); here each request is bound to its caller: a shard registers and reports
-only as itself, a worker only as itself and only in its current launch.
+only as itself, a worker only as itself and only in its current launch. Then its values
+are checked (counts not negative, ids in range, lists bounded): a bad one is
+INVALID_ARGUMENT naming the field and what was received, and changes nothing. A worker
+holds one task at a time: asking for another hands back the one it holds (see
+`Reports.get_task`).
 """
 
 import grpc
@@ -21,6 +25,20 @@ AUTHORITY = {
     "ReportProgress": {_WORKER}, "ReportTaskResult": {_WORKER},
     "Scale": {auth.Role.CLIENT},
 }
+# The longest list a shard's report may carry (staleness buckets, workers' push counts).
+MAX_REPORT_ENTRIES = 65536
+
+
+def _require(context, ok, method, rule, received):
+    """Aborts the call with INVALID_ARGUMENT unless `ok`: "`method`: `rule`. Received: ..."."""
+    if not ok:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {rule}. Received: {received}")
+
+
+def _check_counts(context, method, request, *fields):
+    for field in fields:
+        value = getattr(request, field)
+        _require(context, value >= 0, method, f"{field} must not be negative", f"{field}={value}")
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -42,6 +60,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def RegisterPS(self, request, context):
         self._bind(context, "ps", request.ps_id)
+        self._check_ps_id(context, "RegisterPS", request.ps_id)
+        host, _, port = request.address.rpartition(":")
+        _require(context, bool(host) and port.isdigit() and 0 < int(port) < 65536, "RegisterPS",
+                 "address must be host:port", f"address={request.address[:200]!r}")
         self._master.membership.register_ps(request.ps_id, request.address)
         return master_pb2.RegisterPSResponse()
 
@@ -56,6 +78,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.GetClusterResponse(ready=ready, ps_addresses=addresses)
 
     def Heartbeat(self, request, context):
+        _require(context, request.role in ("ps", "worker"), "Heartbeat",
+                 "role must be 'ps' or 'worker'", f"role={request.role[:50]!r}")
         self._bind(context, request.role, request.id)
         known = self._master.membership.heartbeat(request.role, request.id)
         answer = master_pb2.HeartbeatResponse(job_finished=self._master.job_finished,
@@ -83,26 +107,33 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def ReportProgress(self, request, context):
         self._bind(context, "worker", request.worker_id)
+        self._check_report(context, "ReportProgress", request)
         self._master.reports.report_progress(
             request.worker_id, request.task_id, request.records_done, request.loss,
-            request.model_version, request.minibatches,
+            request.model_version, request.minibatches, dict(request.skipped_minibatches),
         )
         return master_pb2.ReportProgressResponse()
 
     def ReportTaskResult(self, request, context):
         self._bind(context, "worker", request.worker_id)
+        self._check_report(context, "ReportTaskResult", request)
+        for dropped in request.dropped:
+            self._check_ps_id(context, "ReportTaskResult dropped", dropped.ps_id)
         self._master.reports.report_task_result(
             request.worker_id, request.task_id, request.records_done, request.error,
             request.loss, request.model_version, request.metric_states, request.abandoned,
             request.minibatches, {d.ps_id: d.reason for d in request.dropped},
+            request.fatal, dict(request.skipped_minibatches),
         )
         return master_pb2.ReportTaskResultResponse()
 
     def ReportVersion(self, request, context):
         self._bind(context, "ps", request.ps_id)
+        self._check_version_report(context, request)
         self._master.membership.report_version(
             request.ps_id, request.model_version, list(request.staleness_counts),
             request.stale_rejections, request.pending_pushes, dict(request.applied_pushes),
+            request.non_finite_pushes,
         )
         return master_pb2.ReportVersionResponse()
 
@@ -112,9 +143,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"This master runs job {job_name!r}. Received: job_name="
                           f"{request.job_name!r}")
-        if request.num_workers < 1:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"num_workers must be at least 1. Received: {request.num_workers}")
+        most = self._master.config.max_workers
+        _require(context, 1 <= request.num_workers <= most, "Scale",
+                 f"num_workers must be from 1 to --max-workers {most}",
+                 f"num_workers={request.num_workers}")
         if self._master.roles is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "The job has not started its roles yet.")
         previous, running = self._master.scale(request.num_workers)
@@ -122,3 +154,27 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             job_name=job_name, previous_num_workers=previous,
             num_workers=request.num_workers, running_workers=running,
         )
+
+    def _check_ps_id(self, context, method, ps_id):
+        num_ps = self._master.config.num_ps
+        _require(context, 0 <= ps_id < num_ps, method, f"ps_id must be in [0, {num_ps})",
+                 f"ps_id={ps_id}")
+
+    @staticmethod
+    def _check_report(context, method, request):
+        _check_counts(context, method, request, "task_id", "records_done", "model_version",
+                      "minibatches")
+
+    @staticmethod
+    def _check_version_report(context, request):
+        method = "ReportVersion"
+        _check_counts(context, method, request, "model_version", "stale_rejections",
+                      "pending_pushes", "non_finite_pushes")
+        counts, applied = request.staleness_counts, request.applied_pushes
+        _require(context, len(counts) <= MAX_REPORT_ENTRIES and min(counts, default=0) >= 0,
+                 method, f"staleness_counts must be at most {MAX_REPORT_ENTRIES} counts, none "
+                 "negative", f"{len(counts)} counts from {min(counts, default=0)}")
+        _require(context, len(applied) <= MAX_REPORT_ENTRIES
+                 and all(w >= 0 and n >= 0 for w, n in applied.items()), method,
+                 f"applied_pushes must map at most {MAX_REPORT_ENTRIES} worker ids to counts, "
+                 "none negative", f"{len(applied)} entries")

@@ -43,8 +43,12 @@ class JobSummary:
     # checkpoint, and the bound on records trained twice per lost task attempt
     recovery: dict = dataclasses.field(default_factory=dict)
     # "by_worker": minibatches trained and pushes dropped per shard (see `push_account`);
-    # "applied_by_shard": per shard, the pushes of each worker it holds
+    # "applied_by_shard": per shard, the pushes of each worker it holds; "skipped_by_worker":
+    # per worker, the minibatches it did not push, by reason
     pushes: dict = dataclasses.field(default_factory=dict)
+    # Training minibatches no worker pushed, by reason: {"non_finite_loss": n} counts NaN or
+    # Inf losses skipped with --on-non-finite-loss skip
+    skipped_minibatches: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         data = dataclasses.asdict(self)
@@ -69,6 +73,7 @@ class RunFacts:
         num_workers: the workers asked for at the end (`elastic-keras scale` included).
         resumed_from: the checkpoint the run resumed from, or "".
         pushes: minibatches and dropped pushes per worker (`PushAccount.by_worker`).
+        skipped: `Reports.skipped_minibatches()`: ({reason: n}, {worker: {reason: n}}).
     """
 
     error: str
@@ -79,6 +84,7 @@ class RunFacts:
     num_workers: int
     resumed_from: str
     pushes: dict
+    skipped: tuple = ({}, {})
 
 
 def duplicates_bound(config):
@@ -157,5 +163,7 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
             "last_checkpoint": checkpoints.last_path,
             "duplicates_bound_per_lost_task": bound,
         },
-        pushes={"by_worker": run.pushes, "applied_by_shard": membership.applied_pushes()},
+        pushes={"by_worker": run.pushes, "applied_by_shard": membership.applied_pushes(),
+                "skipped_by_worker": run.skipped[1]},
+        skipped_minibatches=run.skipped[0],
     )

@@ -7,7 +7,7 @@ Re-queues. A task goes back to the front of the queue, resuming after the last r
 worker reported (an evaluation task starts over: its metrics come only with its result):
 
 - its worker reports an error: a retry. A task may be retried `max_task_retries` times; one
-  more error fails the job with that task's error;
+  more error fails the job with that task's error, as does at once a `fatal` one;
 - its worker is lost (`recover_worker`), hands it back (`report_result(abandoned=True)`) or
   holds it too long (`overdue`, `requeue_overdue`). None of these is the task's fault, so no
   retry is counted.
@@ -211,7 +211,7 @@ class TaskManager:
         if task.type == TaskType.TRAINING:
             self._ledger.trained(task, running.records_done)
 
-    def report_result(self, task_id, records_done, error="", abandoned=False):
+    def report_result(self, task_id, records_done, error="", abandoned=False, fatal=False):
         """Ends a task.
 
         Args:
@@ -220,6 +220,7 @@ class TaskManager:
             error: why it failed; empty when it succeeded.
             abandoned: the worker hands the task back (it is being preempted): the rest of
                 it is re-queued, counting neither a retry nor a failure.
+            fatal: with `error`, no retry can help: the job fails at once.
 
         Returns:
             `(task, TaskOutcome)`; task is None with IGNORED (a task that is not running).
@@ -239,11 +240,10 @@ class TaskManager:
                 self._finish(running)
                 return task, TaskOutcome.DONE
             self.tasks_failed += 1
-            if task.retries >= self.max_task_retries:
-                self.error = (
-                    f"{task.type.value} task on {task.path} records [{task.start}, {task.end}) "
-                    f"failed {task.retries + 1} times; last error: {error}"
-                )
+            if fatal or task.retries >= self.max_task_retries:
+                times = "" if fatal else f" {task.retries + 1} times; last error"
+                self.error = (f"{task.type.value} task on {task.path} records "
+                              f"[{task.start}, {task.end}) failed{times}: {error}")
                 return task, TaskOutcome.FAILED
             self._requeue(running, retry=True)
             return task, TaskOutcome.REQUEUED

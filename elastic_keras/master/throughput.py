@@ -1,6 +1,7 @@
 """Training loss and examples per second, as reported by workers."""
 
 import collections
+import math
 import threading
 import time
 
@@ -25,7 +26,7 @@ class Throughput:
             if records > 0:
                 self._events.append((now, records))
                 self.records += records
-            if loss is not None and loss == loss:  # skip NaN
+            if loss is not None and math.isfinite(loss):  # a NaN or Inf says nothing
                 self.loss = loss if self.loss is None else 0.8 * self.loss + 0.2 * loss
 
     def examples_per_second(self):

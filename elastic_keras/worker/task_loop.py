@@ -3,19 +3,30 @@
 When `stop` is set (SIGTERM: preemption or scaling down), the worker finishes the minibatch
 it is on, makes sure its push has landed, hands the task back after the records done, and
 the loop returns: the process exits 0 well within the master's grace period.
+
+A failed task is reported in one line (`failures.describe`), marked fatal when no retry
+can help: the module breaks the contract (`ModelSpecError`, e.g. a non-scalar loss at the
+first step), or a minibatch's loss is NaN or Inf under `--on-non-finite-loss fail`. Under
+`skip` such a minibatch is not pushed; the task's report counts it
+(`skipped_minibatches["non_finite_loss"]`) and training goes on (in synchronous training
+the worker's next minibatch joins the round instead). A record `dataset_fn` cannot parse is
+named by its file and index (`RecordPipeline.find_bad_record`).
 """
 
 import logging
+import math
 import threading
 import traceback
 
 import grpc
 import tensorflow as tf
 
-from elastic_keras.common.errors import PushRefused
+from elastic_keras.common.errors import NonFiniteLossError, PushRefused
 from elastic_keras.common.model_spec import Mode
 from elastic_keras.data.reader import open_reader
 from elastic_keras.proto import master_pb2
+from elastic_keras.worker import failures
+from elastic_keras.worker.pipeline import RecordPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +72,12 @@ class TaskLoop:
         logger.info("Worker %d told to stop; leaving", self._config.worker_id)
 
     def _run_task(self, task):
-        # records_done: trained; landed: trained and on the parameter servers, which is all
-        # a failed or handed-back task may claim (the rest is trained again); minibatches:
-        # those whose pushes landed.
-        state = {"records_done": 0, "landed": 0, "minibatches": 0, "losses": []}
+        # records_done: trained (or skipped); landed: trained and on the parameter servers,
+        # which is all a failed or handed-back task may claim (the rest is trained again);
+        # pushed: minibatches pushed; minibatches: those whose pushes landed; skipped:
+        # minibatches not pushed, by reason.
+        state = {"records_done": 0, "landed": 0, "pushed": 0, "minibatches": 0, "losses": [],
+                 "skipped": {}}
         try:
             if task.type == master_pb2.TASK_TRAINING:
                 metric_states = ()
@@ -75,27 +88,35 @@ class TaskLoop:
             self._hand_back(task, state)
             return
         except Exception as exc:  # noqa: BLE001 - reported to the master, which decides
-            if isinstance(exc, PushRefused):  # a minibatch some shards applied, others not
-                state["minibatches"] += 1
-                dropped = exc.dropped
-            else:
-                dropped = self._settle_pushes(state)
-            if self._stop.is_set():  # e.g. a wait for a parameter server cut short
-                self._hand_back(task, state, dropped)
-                return
-            logger.error("Task %d failed:\n%s", task.task_id, traceback.format_exc())
-            self._master.report_task_result(
-                self._config.worker_id, task.task_id, state["landed"],
-                error=f"{type(exc).__name__}: {exc}", model_version=self._trainer.model_version,
-                minibatches=state["minibatches"], dropped=dropped,
-            )
+            self._report_failure(task, state, exc)
             return
         losses = state["losses"]
         self._master.report_task_result(
             self._config.worker_id, task.task_id, state["records_done"],
             loss=sum(losses) / len(losses) if losses else 0.0,
             model_version=self._trainer.model_version, metric_states=metric_states,
-            minibatches=state["minibatches"],
+            minibatches=state["minibatches"], skipped=state["skipped"],
+        )
+
+    def _report_failure(self, task, state, exc):
+        if isinstance(exc, PushRefused):  # a minibatch some shards applied, others not
+            state["minibatches"] += 1
+            dropped = exc.dropped
+        else:
+            dropped = self._settle_pushes(state)
+        if self._stop.is_set():  # e.g. a wait for a parameter server cut short
+            self._hand_back(task, state, dropped)
+            return
+        error = failures.describe(exc)
+        fatal = failures.fatal(exc, self._config.on_non_finite_loss)
+        logger.error("Task %d failed%s: %s", task.task_id,
+                     " (the job fails: no retry can help)" if fatal else "", error)
+        (logger.debug if failures.is_told(exc) else logger.error)(
+            "Task %d failed here:\n%s", task.task_id, "".join(traceback.format_exception(exc)))
+        self._master.report_task_result(
+            self._config.worker_id, task.task_id, state["landed"], error=error,
+            model_version=self._trainer.model_version, minibatches=state["minibatches"],
+            dropped=dropped, fatal=fatal, skipped=state["skipped"],
         )
 
     def _settle_pushes(self, state):
@@ -117,40 +138,63 @@ class TaskLoop:
             self._master.report_task_result(
                 self._config.worker_id, task.task_id, records_done, abandoned=True,
                 model_version=self._trainer.model_version, timeout_s=HAND_BACK_TIMEOUT_S,
-                minibatches=state["minibatches"], dropped=dropped,
+                minibatches=state["minibatches"], dropped=dropped, skipped=state["skipped"],
             )
         except grpc.RpcError as exc:  # the master re-queues it when this worker exits
             logger.warning("Could not hand task %d back (%s)", task.task_id, exc.code().name)
 
-    def _batches(self, task, mode):
-        """The minibatches of `task`'s records, through the module's `dataset_fn`."""
-        reader = self._readers.get(task.path)
+    def _pipeline(self, path, mode):
+        """(the `RecordReader` of `path`, its `RecordPipeline` for `mode`), made once."""
+        reader = self._readers.get(path)
         if reader is None:
-            reader = open_reader(task.path, self._config.index_cache_dir)
-            self._readers[task.path] = reader
-        key = (task.path, mode)
-        pipeline = self._pipelines.get(key)
+            reader = self._readers[path] = open_reader(path, self._config.index_cache_dir)
+        pipeline = self._pipelines.get((path, mode))
         if pipeline is None:
-            pipeline = self._pipelines[key] = _Pipeline(
-                self._spec.dataset_fn, mode, reader.metadata, self._config.minibatch_size)
-        return pipeline.batches(list(reader.read(task.start, task.end)))
+            pipeline = self._pipelines[(path, mode)] = RecordPipeline(
+                self._spec, mode, reader, self._config.minibatch_size)
+        return reader, pipeline
+
+    def _batches(self, task, mode, state=None):
+        """The minibatches of `task`'s records, through the module's `dataset_fn`.
+
+        Raises:
+            DataError: `dataset_fn` cannot parse a record (the first not yet trained of
+                `state`, or of the task, on that fails alone is named).
+        """
+        reader, pipeline = self._pipeline(task.path, mode)
+        records = list(reader.read(task.start, task.end))
+        batches = pipeline.batches(records)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except tf.errors.OpError as exc:
+                at = state["records_done"] if state else 0
+                raise pipeline.find_bad_record(records[at:], task.start + at, exc) from exc
+            yield batch
 
     def _train(self, task, state):
         every = self._config.progress_report_minibatches
         size = task.end - task.start
         pending = []
-        for step, (features, labels) in enumerate(self._batches(task, Mode.TRAINING), 1):
-            loss = self._trainer.train_minibatch(features, labels)
-            state["losses"].append(loss)
-            pending.append(loss)
-            done = state["records_done"] = min(size, state["records_done"] + _batch_size(labels))
-            self._trainer.after_landed(lambda n=done, k=step: state.update(landed=n,
-                                                                           minibatches=k))
+        for step, (features, labels) in enumerate(self._batches(task, Mode.TRAINING, state), 1):
+            first = state["records_done"]
+            done = min(size, first + _batch_size(labels))
+            loss = self._train_minibatch(task, step, (first, done), features, labels, state)
+            state["records_done"] = done
+            if loss is not None:
+                state["pushed"] += 1
+                state["losses"].append(loss)
+                pending.append(loss)
+            self._trainer.after_landed(lambda n=done, k=state["pushed"]: state.update(
+                landed=n, minibatches=k))
             if step % every == 0:
                 # Sent once this step's push has landed (what is reported as trained is on
                 # the parameter servers), while the next step computes.
                 report = (self._config.worker_id, task.task_id, done,
-                          sum(pending) / len(pending), self._trainer.model_version, step)
+                          sum(pending) / len(pending) if pending else math.nan,
+                          self._trainer.model_version, state["pushed"], dict(state["skipped"]))
                 self._trainer.after_landed(lambda r=report: self._master.report_progress(*r))
                 pending = []
             if self._stop.is_set():
@@ -158,36 +202,33 @@ class TaskLoop:
                 raise _Leaving()
         self._trainer.flush()
 
+    def _train_minibatch(self, task, step, records, features, labels, state):
+        """Trains one minibatch; returns its loss, or None if it was skipped.
+
+        Raises:
+            NonFiniteLossError: its loss is NaN or Inf, with `--on-non-finite-loss fail`; the
+                message names the minibatch, the task and the worker.
+        """
+        try:
+            return self._trainer.train_minibatch(features, labels)
+        except NonFiniteLossError as exc:
+            where = (f"minibatch {step} (records [{task.start + records[0]}, "
+                     f"{task.start + records[1]}) of {task.path}) of task {task.task_id} on "
+                     f"worker {self._config.worker_id}")
+            if self._config.on_non_finite_loss != "skip":
+                raise NonFiniteLossError(
+                    f"{str(exc).rstrip('.')} in {where}; nothing of it was pushed "
+                    "(--on-non-finite-loss fail: the job fails)") from exc
+            skipped = state["skipped"]
+            skipped[failures.NON_FINITE_LOSS] = skipped.get(failures.NON_FINITE_LOSS, 0) + 1
+            logger.warning("%s in %s: skipped, not pushed (--on-non-finite-loss skip)",
+                           str(exc).rstrip("."), where)
+            return None
+
     def _evaluate(self, task, state):
         states = self._trainer.evaluate(self._batches(task, Mode.EVALUATION))
         state["records_done"] = state["landed"] = task.end - task.start
         return states
-
-
-class _Pipeline:
-    """The module's `dataset_fn` applied once for one file and mode; every task's records
-    then flow through the same dataset.
-
-    Applying `dataset_fn` to a new dataset per task would trace its map functions again for
-    every task: for the MNIST zoo module about 0.1 s a task, a tenth of a task's training on
-    2 cores. Here the dataset reads its records from a variable when an iterator starts, so
-    each task only assigns its records and starts a new iterator. (A Python generator as the
-    source slows the steps that run beside it by a third.)
-    """
-
-    def __init__(self, dataset_fn, mode, metadata, minibatch_size):
-        self._records = tf.Variable(tf.zeros([0], tf.string), shape=tf.TensorShape([None]),
-                                    trainable=False)
-        records = tf.data.Dataset.from_tensors(0).flat_map(
-            lambda _: tf.data.Dataset.from_tensor_slices(self._records.read_value()))
-        self._dataset = dataset_fn(records, mode, metadata).batch(minibatch_size).prefetch(
-            tf.data.AUTOTUNE)
-
-    def batches(self, records):
-        """An iterator of the minibatches of `records` (serialized records, as bytes); use
-        one at a time (the next call gives the records of its own)."""
-        self._records.assign(tf.constant(records, dtype=tf.string))
-        return iter(self._dataset)
 
 
 def _batch_size(labels):

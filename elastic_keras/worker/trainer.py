@@ -8,7 +8,9 @@ eagerly (with a warning). As Keras's `fit` does, the loss is scaled by the optim
 `loss_scale_factor`; the gradients are then unscaled and clipped over the whole model
 (`optimizer_contract.GradientPrep`) before they are pushed. Non-trainable variables
 (BatchNormalization statistics, counters) travel as deltas: what the step changed, which
-the shards add, so no minibatch's update is lost to another's.
+the shards add, so no minibatch's update is lost to another's. The loss must be a scalar
+(checked at the first step); a step whose loss is NaN or Inf raises `NonFiniteLossError`
+before anything of it is pushed, with no further device sync: the loss is fetched anyway.
 
 Each minibatch gets one sequence number, which every push of it carries. When and how it is
 pushed, and what happens to a push a shard refuses, is the update strategy's part
@@ -24,6 +26,7 @@ it its own copy of the dense variables (InitModel keeps the first offer).
 
 import json
 import logging
+import math
 import threading
 import time
 
@@ -33,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_keras.common.config import EMBEDDING_THRESHOLD_PARAMS
-from elastic_keras.common.errors import NotReadyError, PSError
+from elastic_keras.common.errors import NonFiniteLossError, NotReadyError, PSError
 from elastic_keras.common.metrics import build_metrics, to_states
 from elastic_keras.common.model_variables import split_trainable
 from elastic_keras.common.optimizer_contract import GradientPrep, shard_config
@@ -102,6 +105,7 @@ class Trainer(Replica):
         self._sequence = time.time_ns()
         self._train_step = None
         self._forward = None
+        self._loss_spec = None  # what `loss(labels, predictions)` returned, when traced
 
     @property
     def model_version(self):
@@ -240,10 +244,22 @@ class Trainer(Replica):
         self._versions, self._incarnations = pulled.versions, pulled.incarnations
 
     def compute(self, features, labels):
-        """Runs the step; its gradients come unscaled and clipped."""
+        """Runs the step; its gradients come unscaled and clipped.
+
+        Raises:
+            NonFiniteLossError: the loss is NaN or Inf (the model's non-trainable variables
+                are left as they were before the step).
+            ModelSpecError: `loss(labels, predictions)` returned no scalar (the first step).
+        """
         versions, incarnations = list(self._versions), list(self._incarnations)
         before = {name: v.numpy() for name, v in self._fixed.items()}
         loss, grads, ids, row_grads = self._train_step(features, labels)
+        self._spec.check_loss(self._loss_spec)  # as traced
+        loss = float(loss)  # the one fetch of the loss, needed for the report anyway
+        if not math.isfinite(loss):
+            for name, variable in self._fixed.items():  # the step's updates are not kept
+                variable.assign(before[name])
+            raise NonFiniteLossError(f"The training loss is {loss}")
         gradients = {
             name: grad.numpy() if isinstance(grad, tf.Tensor) else grad
             for name, grad in zip(self._trainable, grads) if grad is not None
@@ -252,7 +268,7 @@ class Trainer(Replica):
             [(table, i.numpy()) for table, i in zip(self._looked_up, ids)], row_grads
         )
         gradients, embedding_grads = self._prep.apply(gradients, embedding_grads)
-        return Computed(float(loss), gradients, non_trainable_deltas(before, self._fixed),
+        return Computed(loss, gradients, non_trainable_deltas(before, self._fixed),
                         embedding_grads, versions, incarnations)
 
     def push(self, sequence, computed, shards=None):
@@ -267,7 +283,10 @@ class Trainer(Replica):
             context = LookupContext(self._lookup_rows, tape)
             with lookup_context(context):
                 predictions = self._model(features, training=True)
-                loss = tf.reduce_mean(self._spec.loss(labels, predictions))
+                loss = self._spec.loss(labels, predictions)
+                # Checked by `compute`: autograph would turn an error raised here into its own.
+                self._loss_spec = tf.TensorSpec(getattr(loss, "shape", ()))
+                loss = tf.reduce_mean(loss)
                 if self._model.losses:
                     loss += tf.add_n(self._model.losses)
             scaled = self._prep.scale_loss(loss)

@@ -242,3 +242,68 @@ def test_check_refuses_a_loss_scale_optimizer_by_name(tmp_path):
     assert str(info.value).startswith(f"Model module '{module}': optimizer() returned a "
                                       "LossScaleOptimizer")
     assert "loss_scale_factor" in str(info.value)
+
+
+def test_check_refuses_a_custom_optimizer_subclass_by_name(tmp_path):
+    module = write_module(tmp_path, optimizer=(
+        "class MyAdam(keras.optimizers.Adam):\n"
+        "    pass\n\n\n"
+        "def optimizer():\n"
+        "    return MyAdam(0.1)\n"))
+    spec = load_model_spec(str(tmp_path), module)
+    with pytest.raises(ModelSpecError) as info:
+        spec.check()
+    assert str(info.value).startswith(f"Model module '{module}': optimizer() must return one "
+                                      "of Keras's built-in optimizers")
+    assert str(info.value).endswith(f"Received: {module}.MyAdam")
+
+
+# --- What shows only while training: dataset_fn's elements, the loss's shape ----------------
+
+
+def _spec(dataset_fn=lambda dataset, mode, metadata: dataset):
+    return ModelSpec("m", keras.Sequential, lambda labels, predictions: 0.0,
+                     lambda: keras.optimizers.SGD(0.1), dataset_fn)
+
+
+def test_apply_dataset_fn_returns_a_dataset_of_pairs():
+    import tensorflow as tf
+
+    pairs = tf.data.Dataset.from_tensor_slices(([1.0, 2.0], [0, 1]))
+    assert _spec().apply_dataset_fn(pairs, Mode.TRAINING, None) is pairs
+    features = tf.data.Dataset.from_tensor_slices([1.0, 2.0])
+    assert _spec().apply_dataset_fn(features, Mode.PREDICTION, None) is features
+
+
+@pytest.mark.parametrize("returned, received", [
+    (lambda tf: tf.data.Dataset.from_tensor_slices([[1.0, 2.0]]),
+     "a dataset of single float32 tensors of shape (2,)"),
+    (lambda tf: tf.data.Dataset.from_tensor_slices({"x": [1.0], "y": [2.0]}),
+     "a dataset of dicts with keys ['x', 'y']"),
+    (lambda tf: tf.data.Dataset.from_tensor_slices(([1.0], [2.0], [3.0])),
+     "a dataset of tuples of 3"),
+    (lambda tf: [1, 2], "[1, 2] (list)"),
+])
+def test_apply_dataset_fn_names_what_dataset_fn_yields(returned, received):
+    import tensorflow as tf
+
+    spec = _spec(lambda dataset, mode, metadata: returned(tf))
+    with pytest.raises(ModelSpecError) as info:
+        spec.apply_dataset_fn(tf.data.Dataset.range(1), Mode.EVALUATION, None)
+    assert str(info.value).startswith(
+        "Model module 'm': `dataset_fn(dataset, mode='evaluation', metadata)` must return ")
+    assert str(info.value).endswith(f"Received: {received}")
+
+
+def test_check_loss_takes_scalars_and_refuses_tensors_with_their_shape():
+    import numpy as np
+    import tensorflow as tf
+
+    spec = _spec()
+    for loss in (0.5, np.float32(0.5), tf.constant(0.5), tf.TensorSpec(None)):
+        spec.check_loss(loss)  # a rank unknown while tracing passes
+    for loss, shape in ((tf.zeros([4]), "(4,)"), (tf.TensorSpec([None, 1]), "(None, 1)")):
+        with pytest.raises(ModelSpecError) as info:
+            spec.check_loss(loss)
+        assert "`loss(labels, predictions)` must return a scalar" in str(info.value)
+        assert str(info.value).endswith(f"Received: a tensor of shape {shape}")

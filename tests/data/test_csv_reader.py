@@ -78,3 +78,12 @@ def test_records_across_scan_and_read_blocks(tmp_path, monkeypatch):
     reader = _reader(tmp_path, content)
     assert _all(reader) == lines
     assert list(reader.read(97, 104)) == lines[97:104]
+
+
+def test_a_record_is_described_by_its_index_and_line(tmp_path):
+    reader = _reader(tmp_path, b"a,b\r\n1,2\r\n\r\n\n3,4\n5,6")
+    assert [reader.describe_record(i) for i in range(3)] == [
+        f"record 0 of {tmp_path / 'a.csv'} (line 2)",
+        f"record 1 of {tmp_path / 'a.csv'} (line 5)",  # empty lines are not records
+        f"record 2 of {tmp_path / 'a.csv'} (line 6)",  # no final newline
+    ]

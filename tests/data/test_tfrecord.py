@@ -147,3 +147,8 @@ def test_reader_does_not_import_tensorflow():
     code = ("import sys, elastic_keras.data.reader, elastic_keras.data.shards; "
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_record_is_described_by_its_index(tmp_path):
+    path = write_tfrecord(tmp_path / "d.tfrecord", tfrecord_records(3))
+    assert TFRecordReader(path).describe_record(2) == f"record 2 of {path}"

@@ -55,12 +55,18 @@ def client(master):
 
 
 def _take_all(client, worker_id):
+    """Hands out every task there is, one to each of workers `worker_id`, `worker_id` + 1,
+    ... (a worker holds one task at a time); returns them and the answer after."""
     tasks = []
     while True:
-        task = client.get_task(worker_id)
+        task = client.get_task(worker_id + len(tasks))
         if task.type != master_pb2.TASK_TRAINING:
             return tasks, task
         tasks.append(task)
+
+
+def _holder(master, task):
+    return master.tasks.holder(task.task_id)
 
 
 def test_cluster_is_ready_only_once_every_ps_registered(client):
@@ -99,8 +105,8 @@ def test_progress_and_results_update_the_task_manager(client, master):
     assert master.reports.throughput.records == 16 and master.reports.throughput.loss == 2.5
     assert master.model_version == 4
 
-    for task in tasks:
-        client.report_task_result(3, task.task_id, records_done=task.end - task.start,
+    for worker_id, task in enumerate(tasks, start=3):
+        client.report_task_result(worker_id, task.task_id, records_done=task.end - task.start,
                                   loss=1.0, model_version=9)
     assert master.tasks.tasks_done == 4 and master.tasks.tasks_failed == 0
     assert master.tasks.progress() == (0, 130, 130)
@@ -118,32 +124,34 @@ def test_progress_and_results_update_the_task_manager(client, master):
 def test_a_failed_task_is_requeued_from_its_progress_then_fails_the_job(client, master):
     tasks, _ = _take_all(client, worker_id=0)
     failing = next(t for t in tasks if (t.path, t.start) == ("train-0.tfrecord", 40))
-    client.report_progress(0, failing.task_id, records_done=10, loss=1.0, model_version=1)
-    client.report_task_result(0, failing.task_id, records_done=10,
+    worker_id = _holder(master, failing)
+    client.report_progress(worker_id, failing.task_id, records_done=10, loss=1.0,
+                           model_version=1)
+    client.report_task_result(worker_id, failing.task_id, records_done=10,
                               error="ValueError: bad record")
     assert (master.tasks.tasks_failed, master.tasks.tasks_requeued) == (1, 1)
     assert not master.tasks.failed
 
-    retry = client.get_task(worker_id=1)  # another worker takes it over
+    retry = client.get_task(worker_id=9)  # another worker takes it over
     assert retry.type == master_pb2.TASK_TRAINING
     assert (retry.path, retry.start, retry.end) == ("train-0.tfrecord", 50, 80)
     assert retry.task_id != failing.task_id
 
-    client.report_task_result(1, retry.task_id, records_done=0,
+    client.report_task_result(9, retry.task_id, records_done=0,
                               error="ValueError: bad record again")
     assert master.tasks.failed and master.tasks.finished
     assert master.tasks.tasks_failed == 2
     assert "train-0.tfrecord records [50, 80)" in master.tasks.error
     assert "failed 2 times" in master.tasks.error
     assert "ValueError: bad record again" in master.tasks.error
-    assert client.get_task(2).type == master_pb2.TASK_WAIT
+    assert client.get_task(10).type == master_pb2.TASK_WAIT
 
 
 def test_tasks_of_a_lost_worker_go_to_the_others(client, master):
     tasks, _ = _take_all(client, worker_id=5)
     client.report_progress(5, tasks[0].task_id, records_done=8, loss=1.0, model_version=1)
-    assert master.tasks.recover_worker(5) == 4
-    again, _ = _take_all(client, worker_id=6)
+    assert [master.tasks.recover_worker(w) for w in range(5, 10)] == [1, 1, 1, 1, 0]
+    again, _ = _take_all(client, worker_id=10)
     resumed = {(t.path, t.end): t.start for t in again}
     assert resumed[(tasks[0].path, tasks[0].end)] == tasks[0].start + 8
     assert len(again) == 4
@@ -151,8 +159,8 @@ def test_tasks_of_a_lost_worker_go_to_the_others(client, master):
 
 def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, master, spec):
     tasks, _ = _take_all(client, worker_id=0)
-    for task in tasks:
-        client.report_task_result(0, task.task_id, task.end - task.start)
+    for worker_id, task in enumerate(tasks):
+        client.report_task_result(worker_id, task.task_id, task.end - task.start)
     assert master.tasks.epoch_finished() == 0
     assert master.tasks.start_evaluation(model_version=7)
 
@@ -161,7 +169,7 @@ def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, mas
     assert sorted((t.path, t.start, t.end) for t in evaluations) == [
         ("test-0.tfrecord", 0, 40), ("test-0.tfrecord", 40, 50)]
     assert {t.model_version for t in evaluations} == {7}
-    assert client.get_task(0).type == master_pb2.TASK_WAIT  # training waits for the round
+    assert client.get_task(2).type == master_pb2.TASK_WAIT  # training waits for the round
 
     metrics = build_metrics(spec.eval_metrics_fn)
     metrics["accuracy"].update_state(np.array([1, 2]), np.eye(10, dtype=np.float32)[[1, 3]])

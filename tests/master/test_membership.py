@@ -51,3 +51,25 @@ def test_shards_answer_once_all_registered_and_none_silent_or_down(monkeypatch):
     assert not members.shards_answering(6.0)  # ps-0 being replaced
     members.register_ps(0, "127.0.0.1:1")
     assert members.shards_answering(6.0)
+
+
+def test_non_finite_pushes_add_up_across_shards_and_their_relaunches():
+    from elastic_keras.common.config import JobConfig
+    from elastic_keras.common.transfer.limits import PayloadLimits
+    from elastic_keras.master.watchdog import non_finite_error
+
+    membership = Membership(num_ps=2)
+    config = JobConfig(model_def="m", training_data="d", num_ps=2,
+                       limits=PayloadLimits(max_non_finite_pushes=4))
+    membership.report_version(0, 3, non_finite_pushes=2)
+    membership.report_version(1, 3, non_finite_pushes=1)
+    assert membership.non_finite_pushes == 3 and non_finite_error(config, membership) == ""
+    membership.report_version(0, 4, non_finite_pushes=0)  # shard 0 relaunched: counts anew
+    membership.report_version(0, 5, non_finite_pushes=2)
+    assert membership.non_finite_pushes == 5
+    error = non_finite_error(config, membership)
+    assert error.startswith("NonFiniteGradients: the parameter servers received 5 pushes")
+    assert "more than --max-non-finite-pushes 4" in error
+    unlimited = JobConfig(model_def="m", training_data="d",
+                          limits=PayloadLimits(max_non_finite_pushes=0))
+    assert non_finite_error(unlimited, membership) == ""

@@ -31,7 +31,7 @@ def custom_model():
 
 
 def loss(labels, predictions):
-    return keras.losses.mean_squared_error(labels, predictions)
+    return tf.reduce_mean(keras.losses.mean_squared_error(labels, predictions))
 
 
 def adamw_without_biases():

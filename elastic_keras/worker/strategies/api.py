@@ -17,7 +17,8 @@ import abc
 import dataclasses
 import typing
 
-from elastic_keras.common.errors import PushRefused
+from elastic_keras.common.errors import NonFiniteLossError, PushRefused
+from elastic_keras.worker.failures import NON_FINITE_LOSS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,23 +136,34 @@ class UpdateStrategy(abc.ABC):
             PushRefused: see `train`.
         """
 
-    def settle(self, minibatch, shards):
+    def settle(self, minibatch, shards, fresh=True):
         """Pulls, computes and pushes `minibatch` to `shards` until each has applied it,
         recomputing it for those that refuse it as stale, up to `max_stale_retries` times in
-        a row; each recomputation is sent to the refusing shards alone.
+        a row; each recomputation is sent to the refusing shards alone. `fresh`: no shard
+        has been sent the minibatch yet.
 
         Returns:
             (the loss of the last computation, {shard: the version its push was computed
             against}).
 
         Raises:
-            PushRefused: a shard refused the push for another reason, or kept finding it stale.
+            PushRefused: a shard refused the push for another reason, or kept finding it
+                stale, or a recomputation's loss was not finite (its cause is then the
+                `NonFiniteLossError`).
+            NonFiniteLossError: the loss of a fresh minibatch's first computation is not
+                finite: nothing was pushed.
         """
         waiting = list(shards)  # the shards that have not applied it
         applied_at = {}
-        for _ in range(self._max_stale_retries + 1):
+        for attempt in range(self._max_stale_retries + 1):
             self._replica.pull()
-            computed = self._replica.compute(minibatch.features, minibatch.labels)
+            try:
+                computed = self._replica.compute(minibatch.features, minibatch.labels)
+            except NonFiniteLossError as exc:
+                if fresh and not attempt:
+                    raise
+                # Other shards applied it: these never will.
+                raise PushRefused(str(exc), {i: NON_FINITE_LOSS for i in waiting}) from exc
             responses = self._replica.push(minibatch.sequence, computed, shards=waiting)
             applied_at.update({i: computed.versions[i] for i in waiting if responses[i].accepted})
             refused = refusal(responses, waiting)

@@ -85,7 +85,7 @@ class Overlapped(UpdateStrategy):
             stale = pending.stale_shards()
             if stale:
                 self.stale_pushes += 1
-                self.settle(pending.minibatch, stale)
+                self.settle(pending.minibatch, stale, fresh=False)
         except BaseException:
             self._after = []  # they wait on this push: they fail with it, and are dropped
             pending.finish(failed=True)

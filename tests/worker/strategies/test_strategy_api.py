@@ -4,7 +4,7 @@ for another reason gives the minibatch up. A `FakeReplica` stands in for the mod
 
 import pytest
 
-from elastic_keras.common.errors import PushRefused
+from elastic_keras.common.errors import NonFiniteLossError, PushRefused
 from elastic_keras.worker.strategies import Minibatch
 from elastic_keras.worker.strategies.api import why
 from elastic_keras.worker.strategies.asynchronous import Asynchronous
@@ -54,3 +54,40 @@ def test_a_strategy_that_pushes_inline_has_landed_every_push_when_train_returns(
 def test_the_summary_gets_a_short_reason():
     assert why(stale(3)) == "stale"
     assert why(refused("x" * 300)) == "x" * 200
+
+
+class NaNOnRecompute(FakeReplica):
+    """A replica whose loss turns NaN from its `nan_from`-th computation on."""
+
+    def __init__(self, nan_from, **kwargs):
+        super().__init__(**kwargs)
+        self._computations, self._nan_from = 0, nan_from
+
+    def compute(self, features, labels):
+        self._computations += 1
+        if self._computations >= self._nan_from:
+            raise NonFiniteLossError("The training loss is nan")
+        return super().compute(features, labels)
+
+
+def test_a_nan_first_computation_pushes_nothing_and_is_raised_as_it_is():
+    replica = NaNOnRecompute(nan_from=1)
+    with pytest.raises(NonFiniteLossError):
+        Asynchronous(replica).settle(MINIBATCH, range(2))
+    assert not [e for e in replica.events if e[0] == "push"]
+
+
+def test_a_nan_recomputation_gives_the_minibatch_up_on_the_shards_still_waiting():
+    """Shard 0 applied the minibatch; shard 1 refused it as stale and never will."""
+    replica = NaNOnRecompute(nan_from=2, answers=[{1: stale(5)}])
+    with pytest.raises(PushRefused, match="loss is nan") as info:
+        Asynchronous(replica).settle(MINIBATCH, range(2))
+    assert info.value.dropped == {1: "non_finite_loss"}
+    assert isinstance(info.value.__cause__, NonFiniteLossError)
+
+
+def test_a_nan_recomputation_of_an_overlapped_push_is_never_taken_for_a_fresh_one():
+    replica = NaNOnRecompute(nan_from=1)
+    with pytest.raises(PushRefused) as info:
+        Asynchronous(replica).settle(MINIBATCH, [0, 1], fresh=False)
+    assert info.value.dropped == {0: "non_finite_loss", 1: "non_finite_loss"}

@@ -41,7 +41,7 @@ def custom_model():
 
 
 def loss(labels, predictions):
-    return keras.losses.mean_squared_error(labels, predictions)
+    return tf.reduce_mean(keras.losses.mean_squared_error(labels, predictions))
 
 
 SPEC = ModelSpec("sync_test", custom_model, loss, lambda: keras.optimizers.SGD(LR),

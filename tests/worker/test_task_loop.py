@@ -1,0 +1,172 @@
+"""The worker's task loop on real CSV records, a real shard on 127.0.0.1 and a fake master:
+what a task reports when the loss is NaN (`--on-non-finite-loss fail|skip`), when the module
+breaks the contract, and when `dataset_fn` cannot parse a record."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elastic_keras.common.config import WorkerConfig
+from elastic_keras.common.model_spec import ModelSpec
+from elastic_keras.common.ps_client import PSClient
+from elastic_keras.proto import master_pb2
+from elastic_keras.ps.consistency import UpdatePolicy
+from elastic_keras.ps.parameters import Parameters
+from elastic_keras.worker.task_loop import TaskLoop
+from elastic_keras.worker.trainer import Trainer
+from tests.worker.shards import serve
+
+GOOD = ["1,2", "3,4", "5,6", "7,8", "2,1", "4,3"]
+WITH_NAN = GOOD[:4] + ["nan,1"] + GOOD[4:]  # record 4: the first of minibatch 3
+
+
+def custom_model():
+    inputs = keras.Input((1,), name="x")
+    return keras.Model(inputs, keras.layers.Dense(1, name="out")(inputs))
+
+
+def mean_squared_error(labels, predictions):
+    return tf.reduce_mean(tf.square(predictions - labels))
+
+
+def per_example_loss(labels, predictions):
+    return tf.square(predictions - labels)[:, 0]
+
+
+def mismatched_loss(labels, predictions):
+    one_hot = tf.concat([labels, labels], 1)  # 2 classes, against 3 outputs
+    return tf.reduce_mean(keras.losses.categorical_crossentropy(
+        one_hot, tf.concat([predictions] * 3, 1)))
+
+
+def parse(dataset, mode, metadata):
+    columns = dataset.map(lambda line: tf.io.decode_csv(line, [[0.0], [0.0]]))
+    return columns.map(lambda x, y: (tf.reshape(x, [1]), tf.reshape(y, [1])))
+
+
+def features_only(dataset, mode, metadata):
+    return parse(dataset, mode, metadata).map(lambda x, y: x)
+
+
+def spec(loss=mean_squared_error, dataset_fn=parse):
+    return ModelSpec("health_test", custom_model, loss, lambda: keras.optimizers.SGD(0.01),
+                     dataset_fn)
+
+
+class FakeMaster:
+    """Hands out `tasks`, then none; keeps every report."""
+
+    def __init__(self, tasks):
+        self.tasks, self.results, self.progress = list(tasks), [], []
+
+    def get_task(self, worker_id):
+        return self.tasks.pop(0) if self.tasks else master_pb2.Task(type=master_pb2.TASK_NONE)
+
+    def report_task_result(self, worker_id, task_id, records_done, **report):
+        self.results.append({"worker_id": worker_id, "task_id": task_id,
+                             "records_done": records_done, **report})
+
+    def report_progress(self, *report):
+        self.progress.append(report)
+
+
+@pytest.fixture(params=["async", "sync", "overlap"])
+def shard(request):
+    """(strategy, the shard's `Parameters`, a `PSClient` to it)."""
+    sync = request.param == "sync"
+    parameters = Parameters(UpdatePolicy(grads_to_wait=1) if sync else UpdatePolicy())
+    server, port = serve(parameters)
+    client = PSClient([f"127.0.0.1:{port}"], deadline_s=30)
+    yield request.param, parameters, client
+    client.close()
+    server.stop(0)
+
+
+def run_task(tmp_path, shard, rows, model_spec=None, on_non_finite_loss="fail"):
+    """Runs one training task over `rows` (CSV lines under the header "x,y") in
+    minibatches of 2; returns (the task's result report, the fake master)."""
+    strategy, _, client = shard
+    path = tmp_path / "data.csv"
+    path.write_text("x,y\n" + "\n".join(rows) + "\n")
+    config = WorkerConfig(worker_id=3, master_addr="127.0.0.1:1", model_def="m",
+                          minibatch_size=2, progress_report_minibatches=1,
+                          on_non_finite_loss=on_non_finite_loss, sync=strategy == "sync",
+                          index_cache_dir=str(tmp_path / "index"))
+    master = FakeMaster([master_pb2.Task(task_id=7, type=master_pb2.TASK_TRAINING,
+                                         path=str(path), start=0, end=len(rows))])
+    model_spec = model_spec or spec()
+    trainer = Trainer(model_spec, client, worker_id=3, strategy=strategy)
+    TaskLoop(config, model_spec, master, trainer).run()
+    [result] = master.results
+    return result, master
+
+
+def _finite_model(parameters):
+    values = parameters.pull().dense
+    return values and all(np.all(np.isfinite(v)) for v in values.values())
+
+
+def test_a_nan_loss_fails_the_job_naming_minibatch_task_and_worker(tmp_path, shard):
+    result, _ = run_task(tmp_path, shard, WITH_NAN)
+    error = result["error"]
+    assert error.startswith("NonFiniteLossError: The training loss is nan in minibatch 3 ")
+    assert f"(records [4, 6) of {tmp_path / 'data.csv'}) of task 7 on worker 3" in error
+    assert result["fatal"] == "non_finite_loss"
+    assert result["minibatches"] == 2 and result["records_done"] == 4
+    _, parameters, _ = shard
+    assert parameters.applied_pushes == {3: 2}  # nothing of minibatch 3 was pushed
+    assert _finite_model(parameters)
+
+
+def test_skip_drops_a_nan_minibatch_counts_it_and_trains_on(tmp_path, shard):
+    result, master = run_task(tmp_path, shard, WITH_NAN, on_non_finite_loss="skip")
+    assert not result.get("error") and not result.get("fatal")
+    assert result["skipped"] == {"non_finite_loss": 1}
+    assert result["records_done"] == 7 and result["minibatches"] == 3
+    assert np.isfinite(result["loss"])
+    _, parameters, _ = shard
+    assert parameters.applied_pushes == {3: 3}
+    assert _finite_model(parameters)
+    # Progress reports count what was pushed, and what was skipped so far.
+    assert [(p[5], p[6]) for p in master.progress] == [
+        (1, {}), (2, {}), (2, {"non_finite_loss": 1}), (3, {"non_finite_loss": 1})]
+
+
+def test_a_loss_that_is_not_a_scalar_fails_the_job_as_a_bad_module(tmp_path, shard):
+    result, _ = run_task(tmp_path, shard, GOOD, spec(loss=per_example_loss))
+    assert result["error"].startswith(
+        "ModelSpecError: Model module 'health_test': `loss(labels, predictions)` must return "
+        "a scalar")
+    assert "Received: a tensor of shape (" in result["error"]
+    assert result["fatal"] == "model_module" and result["minibatches"] == 0
+
+
+def test_a_dataset_fn_of_features_only_is_named(tmp_path, shard):
+    result, _ = run_task(tmp_path, shard, GOOD, spec(dataset_fn=features_only))
+    assert result["error"].startswith(
+        "ModelSpecError: Model module 'health_test': `dataset_fn(dataset, mode='training', "
+        "metadata)` must return a dataset of (features, labels) pairs")
+    assert result["error"].endswith("Received: a dataset of single float32 tensors of shape "
+                                    "(1,)")
+    assert result["fatal"] == "model_module"
+
+
+def test_a_shape_mismatch_is_one_line_with_the_users_frame(tmp_path, shard):
+    result, _ = run_task(tmp_path, shard, GOOD, spec(loss=mismatched_loss))
+    error = result["error"]
+    assert "\n" not in error and len(error) < 700
+    assert "Traceback" not in error and "in user code" not in error
+    assert error.startswith(("ValueError:", "InvalidArgumentError:"))
+    assert f"(at {__file__}:" in error and "in mismatched_loss)" in error
+    assert result["fatal"] == ""  # retried, as any other error
+
+
+def test_a_row_dataset_fn_cannot_parse_is_named_by_file_record_and_line(tmp_path, shard):
+    rows = GOOD[:3] + ["oops,1"] + GOOD[3:]
+    result, _ = run_task(tmp_path, shard, rows)
+    error = result["error"]
+    assert error.startswith("DataError: The module's dataset_fn cannot parse record 3 of "
+                            f"{tmp_path / 'data.csv'} (line 5): ")
+    assert "oops" in error and "record 0" not in error
+    assert result["minibatches"] == 1 and result["fatal"] == ""
