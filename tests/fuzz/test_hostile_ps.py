@@ -17,8 +17,8 @@ The kinds (`KINDS`, 48 of them, and 3 kinds of stranger), by method:
     a delta of the wrong shape, NaN, +Inf in a table row, sparse id -1, sparse id past the rows,
     float ids, table gradient sent dense, table rows of the wrong width, table id past
     input_dim, delta for a trainable variable, gradient for a non-trainable one, a name
-    twice, a version from the future, sequence 2**63-1, a negative sequence, a 1 KB lz4
-    frame announcing 256 MiB;
+    twice, a version from the future, sequence 2**63-1, a negative sequence, 14 bytes of
+    lz4 announcing 256 MiB;
   PushGradientsStream: a corrupt chunk checksum, no header, garbage frame bytes;
   PullEmbedding: unknown table, float ids, 2-D ids;
   PullTable: negative rows_per_chunk, unknown table, from a worker;
@@ -30,11 +30,9 @@ PushGradients and InitModel and random bytes at every method, with the same thre
 
 import json
 import math
-import struct
 
 import grpc
 import keras
-import lz4.block
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -163,25 +161,22 @@ def table(**fields):
     return spec
 
 
-def lz4_bomb():
-    """A 1 KB lz4 block whose size prefix announces 256 MiB, as the chunk of a gradient
-    whose header says 48 bytes."""
-    block = lz4.block.compress(bytes(1024), store_size=False)
-    return struct.pack("<I", 256 << 20) + block
-
-
 def bomb_push(shard):
+    """A streamed push whose one chunk, 14 bytes of lz4, announces a 256 MiB tensor:
+    refused from what it announces, before 256 MiB are allocated."""
     options = tensor_stream.TransferOptions(compression="lz4")
     frames = list(tensor_stream.push_parts(
         pserver_pb2.PushHeader(worker_id=0, sequence=LAST_SEQUENCE + 1),
-        options.encode([("w", np.ones((4, 3), np.float32))]), options))
+        options.encode([("w", np.zeros(256, np.float32))]), options))
     frame = chunking.decode_frame(frames[0], pserver_pb2.PushGradientsPart)
-    payload = lz4_bomb()
+    huge = 256 << 20
     for piece in frame.message.pieces:
-        if piece.HasField("chunk"):
-            piece.chunk.codec, piece.chunk.size = "lz4", len(payload)
-            piece.chunk.checksum = chunking.checksum(payload)
-    return [chunking.encode_frame(chunking.Frame(frame.message, [payload]))]
+        if piece.HasField("header"):
+            piece.header.shape[:] = [huge // 4]
+            piece.header.content_size = huge
+        else:
+            piece.chunk.raw_size = huge
+    return [chunking.encode_frame(frame)]
 
 
 def stream_frames(corrupt):
@@ -427,3 +422,10 @@ def test_random_bytes_to_every_method_never_break_the_shard(shard, method, paylo
             pserver_pb2.PrepareCheckpointRequest.FromString(payload).checkpoint_id)
     assert shard.state() == before
     assert_still_serving(shard)
+
+
+def test_an_lz4_bomb_is_refused_for_what_it_announces(shard):
+    code, details = answer(shard.stub(shard.token()), "PushGradientsStream",
+                           iter(bomb_push(shard)))
+    assert code == CODES.INVALID_ARGUMENT
+    assert "decompress to 268435456 bytes, as announced" in details, details
