@@ -162,7 +162,7 @@ def check_table_rows(table, value):
         raise PayloadError(f"{what}: ids must be in [0, {table.input_dim}). "
                            f"Received: ids from {ids.min()} to {ids.max()}")
     # A table without input_dim takes any int64 id, negative ones included (see `IdMap`).
-    return ids.astype(np.int64, copy=False), grads
+    return ids.astype(np.int64, copy=False), _fitting(what, grads, np.dtype(table.dtype))
 
 
 def non_finite(gradients, deltas):
@@ -239,7 +239,22 @@ def _cast(what, array, spec):
             f"{what}: the dtype must be castable to the variable's {spec.dtype.name}. "
             f"Received: dtype={array.dtype.name}"
         )
-    return np.asarray(array, dtype=spec.dtype)
+    return _fitting(what, array, spec.dtype)
+
+
+def _fitting(what, array, dtype):
+    """`array` as `dtype`, refusing finite floating values the cast would make infinite (a
+    float64 1e300 sent for a float32 variable)."""
+    with np.errstate(over="ignore"):
+        cast = np.asarray(array, dtype=dtype)
+    if array.dtype.kind == "f" and cast.dtype.itemsize < array.dtype.itemsize:
+        overflowed = np.isinf(cast) & np.isfinite(array)
+        if overflowed.any():
+            raise PayloadError(
+                f"{what}: values must fit in {dtype.name}, the dtype they update. Received: "
+                f"{int(np.count_nonzero(overflowed))} values beyond its range, up to "
+                f"{float(np.abs(array[overflowed]).max()):g}")
+    return cast
 
 
 def _dense(what, array, spec):

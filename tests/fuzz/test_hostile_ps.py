@@ -7,7 +7,7 @@ compromised role could send. For each: the answer is the named status code liste
 UNKNOWN or a crash; the shard's version, values, table rows and sequence table are exactly
 as before; and the shard answers a good pull right after.
 
-The kinds (`KINDS`, 48 of them, and 3 kinds of stranger), by method:
+The kinds (`KINDS`, 50 of them, and 3 kinds of stranger), by method:
   no credential, garbage credential, another job's credential (UNAUTHENTICATED);
   InitModel: as another worker, from the master, empty name, repeated name, unknown dtype
     enum, negative dim, overflowing shape, bytes that do not fill the shape, a sparse
@@ -17,8 +17,8 @@ The kinds (`KINDS`, 48 of them, and 3 kinds of stranger), by method:
     a delta of the wrong shape, NaN, +Inf in a table row, sparse id -1, sparse id past the rows,
     float ids, table gradient sent dense, table rows of the wrong width, table id past
     input_dim, delta for a trainable variable, gradient for a non-trainable one, a name
-    twice, a version from the future, sequence 2**63-1, a negative sequence, 14 bytes of
-    lz4 announcing 256 MiB;
+    twice, float64 1e300 for float32 values and rows, a version from the future,
+    sequence 2**63-1, a negative sequence, 14 bytes of lz4 announcing 256 MiB;
   PushGradientsStream: a corrupt chunk checksum, no header, garbage frame bytes;
   PullEmbedding: unknown table, float ids, 2-D ids;
   PullTable: negative rows_per_chunk, unknown table, from a worker;
@@ -262,6 +262,11 @@ KINDS = {
     "Push a version from the future": (WORKER, "PushGradients", lambda shard: push(
         dense("b", np.ones(3, "f4")), version=10**12, sequence=LAST_SEQUENCE + 1,
         incarnation=shard.parameters.incarnation), INVALID),
+    "Push float64 1e300 for a float32 variable": (WORKER, "PushGradients", push(
+        dense("b", np.array([1e300, 0, 0])), sequence=LAST_SEQUENCE + 1), INVALID),
+    "Push float64 1e300 for float32 table rows": (WORKER, "PushGradients", push(
+        sparse("emb", np.array([[1e300, 0, 0, 0]]), [1]), sequence=LAST_SEQUENCE + 1),
+        INVALID),
     "Push sequence 2**63-1": (WORKER, "PushGradients",
                               push(dense("b", np.ones(3, "f4")), sequence=2**63 - 1), INVALID),
     "Push negative sequence": (WORKER, "PushGradients",
