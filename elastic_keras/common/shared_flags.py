@@ -77,8 +77,9 @@ SHARED = {
     ),
     "on_non_finite_loss": dict(
         default="fail", choices=("fail", "skip"),
-        help="A NaN or Inf training loss: fail fails the job, naming the minibatch, task and "
-        "worker; skip drops the minibatch unpushed, counts it (job_summary.json) and trains on.",
+        help="A NaN or Inf training loss (or gradient) on a worker: fail fails the job, naming "
+        "the minibatch, task and worker; skip drops the minibatch unpushed, counts it "
+        "(job_summary.json) and trains on.",
     ),
     "host": dict(default="127.0.0.1", help="Address the master and parameter servers bind to."),
     "log_level": dict(default="info", help="Logging level.", choices=LOG_LEVELS),

@@ -9,8 +9,9 @@ eagerly (with a warning). As Keras's `fit` does, the loss is scaled by the optim
 (`optimizer_contract.GradientPrep`) before they are pushed. Non-trainable variables
 (BatchNormalization statistics, counters) travel as deltas: what the step changed, which
 the shards add, so no minibatch's update is lost to another's. The loss must be a scalar
-(checked at the first step); a step whose loss is NaN or Inf raises `NonFiniteLossError`
-before anything of it is pushed, with no further device sync: the loss is fetched anyway.
+(checked at the first step); a step whose loss, gradients or non-trainable changes hold
+NaN or Inf raises `NonFiniteLossError` before anything of it is pushed, so no shard applies
+part of a minibatch that others refuse.
 
 Each minibatch gets one sequence number, which every push of it carries. When and how it is
 pushed, and what happens to a push a shard refuses, is the update strategy's part
@@ -247,8 +248,8 @@ class Trainer(Replica):
         """Runs the step; its gradients come unscaled and clipped.
 
         Raises:
-            NonFiniteLossError: the loss is NaN or Inf (the model's non-trainable variables
-                are left as they were before the step).
+            NonFiniteLossError: the loss, a gradient or a non-trainable change is NaN or Inf
+                (the model's non-trainable variables are left as they were before the step).
             ModelSpecError: `loss(labels, predictions)` returned no scalar (the first step).
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
@@ -268,8 +269,14 @@ class Trainer(Replica):
             [(table, i.numpy()) for table, i in zip(self._looked_up, ids)], row_grads
         )
         gradients, embedding_grads = self._prep.apply(gradients, embedding_grads)
-        return Computed(loss, gradients, non_trainable_deltas(before, self._fixed),
-                        embedding_grads, versions, incarnations)
+        deltas = non_trainable_deltas(before, self._fixed)
+        bad = _not_finite({**gradients, **{t: g for t, (_, g) in embedding_grads.items()}},
+                          deltas)
+        if bad:  # a finite loss whose gradients overflowed: nothing of it may reach a shard
+            for name, variable in self._fixed.items():
+                variable.assign(before[name])
+            raise NonFiniteLossError(f"The training loss is {loss}, but {bad} holds NaN or Inf")
+        return Computed(loss, gradients, deltas, embedding_grads, versions, incarnations)
 
     def push(self, sequence, computed, shards=None):
         return self._through_outages("a push", lambda: self._ps.push_gradients(
@@ -370,3 +377,14 @@ def _compile(fn, what):
             return fn(*args)
 
     return call
+
+
+def _not_finite(gradients, deltas):
+    """The first of a step's gradients (arrays or `tf.IndexedSlices`) and deltas that holds
+    NaN or Inf, named ("gradient 'w'"), or ""."""
+    for kind, values in (("gradient", gradients), ("the change to", deltas)):
+        for name, value in values.items():
+            array = np.asarray(value.values if isinstance(value, tf.IndexedSlices) else value)
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                return f"{kind} {name!r}"
+    return ""

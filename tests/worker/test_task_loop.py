@@ -170,3 +170,19 @@ def test_a_row_dataset_fn_cannot_parse_is_named_by_file_record_and_line(tmp_path
                             f"{tmp_path / 'data.csv'} (line 5): ")
     assert "oops" in error and "record 0" not in error
     assert result["minibatches"] == 1 and result["fatal"] == ""
+
+
+def nan_gradient_loss(labels, predictions):
+    """A finite loss (0 is added) whose gradient is NaN: the norm of a zero vector."""
+    return mean_squared_error(labels, predictions) + tf.norm(predictions * 0.0)
+
+
+def test_nan_gradients_of_a_finite_loss_are_never_pushed(tmp_path, shard):
+    """Not to any shard: one shard refusing a push that another applied would leave the
+    minibatch half applied."""
+    result, _ = run_task(tmp_path, shard, GOOD, spec(loss=nan_gradient_loss))
+    assert "NonFiniteLossError: The training loss is " in result["error"]
+    assert "holds NaN or Inf in minibatch 1 " in result["error"]
+    assert result["fatal"] == "non_finite_loss"
+    _, parameters, _ = shard
+    assert parameters.applied_pushes == {} and parameters.non_finite_pushes == 0
