@@ -106,7 +106,7 @@ REQUESTS = {
 }
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_random_requests_from_the_right_role_get_named_answers(launched, data):
     """Values that are out of range, negative, for another id or another job: refused by
@@ -123,7 +123,7 @@ def test_random_requests_from_the_right_role_get_named_answers(launched, data):
     assert still_serving(launched)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(method=st.sampled_from(sorted(REQUESTS)), payload=st.binary(max_size=120))
 def test_random_bytes_to_every_method_get_named_answers(launched, method, payload):
     code, details = raw_call(launched, token(launched, ROLE_OF.get(method, "worker"), 0),

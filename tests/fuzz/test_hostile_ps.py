@@ -379,7 +379,7 @@ def random_tensors(draw):
     return message
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(gradients=st.lists(random_tensors(), max_size=3),
        deltas=st.lists(random_tensors(), max_size=2),
        sequence=st.integers(0, LAST_SEQUENCE), version=st.integers(-2**63, 2**63 - 1))
@@ -393,7 +393,7 @@ def test_random_pushes_never_break_the_shard(shard, gradients, deltas, sequence,
     assert shard.state() == before
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(tensors=st.lists(random_tensors(), min_size=1, max_size=3),
        dim=st.integers(-2**62, 2**62), input_dim=st.integers(-2**62, 2**62),
        dtype=st.text(max_size=12))
@@ -409,7 +409,7 @@ UNARY = ["InitModel", "PullDense", "PushGradients", "PullEmbedding", "PrepareChe
          "ReleaseCheckpoint", "SaveCheckpoint"]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(method=st.sampled_from(UNARY), payload=st.binary(max_size=200))
 def test_random_bytes_to_every_method_never_break_the_shard(shard, method, payload):
     """Bytes that are no message, or a message of random fields, from the master (who may
