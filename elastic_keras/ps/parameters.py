@@ -246,9 +246,10 @@ class Parameters(SnapshotMixin):
         """Applies a checked push (asynchronous; an empty one changes nothing) or adds it to
         the open round, closing it when full; on `ApplyError` the round is as it was."""
         if self.policy.sync:
-            before = self._round.copy()
+            closes = self._round.count + 1 >= max(self._round_size, 1)
+            before = self._round.copy() if closes else None  # once a round, not per push
             self._round.add(push.worker_id, update.gradients, rows, update.deltas)
-            if self._round.count >= max(self._round_size, 1):
+            if closes:
                 try:
                     self._close_round(model)
                 except ApplyError:
