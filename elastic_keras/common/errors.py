@@ -75,3 +75,9 @@ class PushRefused(PSError):
 
 class NotReadyError(ElasticKerasError):
     """The peer is not ready yet (e.g. the model is not initialised): wait and retry."""
+
+
+# Why a failed task cannot be retried, as a worker reports it and the master reads it
+# (`ReportTaskResultRequest.fatal`); NON_FINITE_LOSS also names minibatches skipped for it.
+MODEL_MODULE = "model_module"
+NON_FINITE_LOSS = "non_finite_loss"

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from elastic_keras.common.errors import ModelSpecError
+from elastic_keras.common.errors import MODEL_MODULE, ModelSpecError
 from elastic_keras.master.push_account import PushAccount
 from elastic_keras.master.tasks import TaskOutcome, TaskType
 from elastic_keras.master.throughput import Throughput
@@ -21,8 +21,6 @@ from elastic_keras.master.throughput import Throughput
 logger = logging.getLogger(__name__)
 
 EVENTS_EVERY_S = 5.0  # how often training scalars go to the TensorBoard event file
-# `ReportTaskResultRequest.fatal` of a model module that breaks the contract.
-BAD_MODULE = "model_module"
 
 
 class Reports:
@@ -138,7 +136,7 @@ class Reports:
     def raise_for_bad_module(self, error):
         """Raises `ModelSpecError(error)` if the job failed because a worker found the model
         module breaking the contract (as the module check before launch would)."""
-        if self.fatal == BAD_MODULE:
+        if self.fatal == MODEL_MODULE:
             raise ModelSpecError(error)
 
     def _note_skipped(self, task_id, worker_id, skipped):

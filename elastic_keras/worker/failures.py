@@ -19,14 +19,12 @@ import sysconfig
 import traceback
 
 from elastic_keras.common.errors import (
-    ElasticKerasError, ModelSpecError, NonFiniteLossError, PushRefused,
+    MODEL_MODULE, NON_FINITE_LOSS, ElasticKerasError, ModelSpecError, NonFiniteLossError,
+    PushRefused,
 )
 
 MAX_CHARS = 600
 
-# What `ReportTaskResultRequest.fatal` says of a failure a retry cannot fix.
-MODEL_MODULE = "model_module"
-NON_FINITE_LOSS = "non_finite_loss"
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
