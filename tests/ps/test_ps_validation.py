@@ -4,7 +4,6 @@ applies, and long-polling pulls that must not starve the server."""
 
 import concurrent.futures
 import contextlib
-import time
 
 import grpc
 import keras
@@ -164,16 +163,17 @@ def test_waiting_pulls_never_take_every_server_thread():
         waiting = pserver_pb2.PullDenseRequest(known_version=0, min_version=5)
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             calls = [pool.submit(stub.PullDense, waiting, timeout=20) for _ in range(6)]
-            started = time.monotonic()
-            answered = [c.result(timeout=5) for c in calls[2:]]  # beyond the two slots
-            assert all(a.model_version == 0 for a in answered)
+            # Which two pulls take the slots is up to the scheduler: four are answered.
+            done, held = concurrent.futures.wait(calls, timeout=10,
+                                                 return_when=concurrent.futures.ALL_COMPLETED)
+            assert len(done) == 4 and len(held) == 2
+            assert all(c.result().model_version == 0 for c in done)
             assert pull(stub)[1] == 0
             assert push(stub, GRADS).model_version == 1
-            assert time.monotonic() - started < 5
-            assert not calls[0].done() and not calls[1].done()  # still waiting for version 5
+            assert not any(c.done() for c in held)  # still waiting for version 5
             for sequence in range(2, 6):
                 push(stub, GRADS, sequence=sequence)
-            assert {c.result(timeout=5).model_version for c in calls[:2]} == {5}
+            assert {c.result(timeout=10).model_version for c in held} == {5}
 
 
 def test_a_push_of_negative_ids_for_a_dense_variable_changes_nothing():
