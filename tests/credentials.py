@@ -4,6 +4,7 @@ import dataclasses
 import os
 
 from elastic_keras.common import auth
+from elastic_keras.common.private_data import write_private
 
 DEFAULT_JOB = "elastic-keras"  # JobConfig's default --job-name
 
@@ -24,12 +25,12 @@ class JobKeys:
         """A worker's credential, in an owner-only file as a worker gets it."""
         path = os.path.join(os.path.dirname(self.secret_file),
                             f"worker-{worker_id}-{incarnation}.credential")
-        auth.write_private(path, self.token("worker", worker_id, incarnation))
+        write_private(path, self.token("worker", worker_id, incarnation))
         return path
 
 
 def job_keys(directory, job_name=DEFAULT_JOB):
     secret = auth.new_secret()
     path = os.path.join(str(directory), f"{job_name}.secret")
-    auth.write_private(path, secret)
+    write_private(path, secret)
     return JobKeys(job_name, secret, path)

@@ -29,9 +29,7 @@ import enum
 import hashlib
 import hmac
 import logging
-import os
 import secrets
-import stat
 import threading
 
 import grpc
@@ -133,46 +131,6 @@ def caller(context):
     return None
 
 
-# -- files ------------------------------------------------------------------------------
-
-
-def write_private(path, data):
-    """Writes `data` (bytes or str) to a new file at `path` that only its owner can read."""
-    if isinstance(data, str):
-        data = data.encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # an existing file keeps its mode under O_CREAT
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_private(path, flag):
-    """The bytes of the owner-only file `path` that flag `flag` names.
-
-    Raises:
-        ConfigError: it cannot be read, another user owns it, or others can read it.
-    """
-    if not path:
-        raise ConfigError(f"{flag} is required: the job's roles call each other with "
-                          "credentials. Received: no file")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise ConfigError(f"{flag} {path}: cannot be read: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"{flag} {path} must be a file only its owner can read (mode 0600, owned by "
-                f"uid {os.getuid()}). Received: mode {stat.S_IMODE(info.st_mode):04o}, "
-                f"uid {info.st_uid}"
-            )
-        return os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
 
 
 # -- interceptors -----------------------------------------------------------------------

@@ -145,6 +145,10 @@ class JobConfig:
     )
     host: str = _shared("host")
     port: int = flag(0, help="Master port; 0 picks a free one.", bound=NON_NEGATIVE)
+    advertise_host: str = flag(
+        "", help="The address roles reach the master at (on Kubernetes its pod's IP); "
+        "default: --host, or this machine's address when --host is 0.0.0.0."
+    )
     engine: str = flag("local", help="What runs the parameter servers and workers: local "
                        "(subprocesses of the master, on this machine).")
     tls: str = flag(
@@ -263,7 +267,13 @@ class PSConfig:
     limits: PayloadLimits = _shared("limits")
     job_name: str = _shared("job_name")
     host: str = _shared("host")
-    port: int = flag(0, help="Port to bind to; 0 picks a free one.", bound=NON_NEGATIVE)
+    port: int = flag(0, help="Port to bind to; 0 picks a free one. A relaunched shard is "
+                     "asked for its predecessor's and takes a free one if that is taken.",
+                     bound=NON_NEGATIVE)
+    advertise_host: str = flag(
+        "", help="The address workers reach this shard at (the engine gives it: on Kubernetes "
+        "the pod's IP); default: --host, or this machine's address when --host is 0.0.0.0."
+    )
     checkpoint_dir: str = _shared("checkpoint_dir")
     restore_from: str = flag(
         "", help="A checkpoint directory (CHECKPOINT_DIR/ckpt-N) whose state this shard "

@@ -66,11 +66,11 @@ class PSClient:
                  transfer=tensor_stream.TransferOptions(), token=None, tls=None):
         self.addresses = list(addresses)
         self.transfer = transfer
-        self._channels = [
-            rpc.create_channel(a, "elastic_keras.PServer", _IDEMPOTENT, deadline_s, token, tls)
-            for a in self.addresses
-        ]
+        self._connect = lambda address: rpc.create_channel(
+            address, "elastic_keras.PServer", _IDEMPOTENT, deadline_s, token, tls)
+        self._channels = [self._connect(a) for a in self.addresses]
         self._stubs = [rpc.Stub(c, tensor_stream.PSERVER) for c in self._channels]
+        self._retired = []  # channels of shards that moved: closed with the client
         # (shard, full precision) -> bytes of the tensors of the last pull that sent any.
         self._pull_bytes = {}
         # Per shard, the incarnation of the last pull: what pushes are computed against.
@@ -341,7 +341,29 @@ class PSClient:
         calls = [stub.SaveCheckpoint.future(request, timeout=timeout_s) for stub in self._stubs]
         return [call.result() for call in calls]
 
+    def readdress(self, addresses):
+        """Calls every shard whose address in `addresses` (all shards' `host:port`, in order)
+        differs from the one it is called at now, at its new address; `[]` changes nothing.
+
+        A call already on its way to the old address fails as the shard it went to has
+        (its process is gone), and is retried at the new one.
+
+        Raises:
+            ValueError: `addresses` names a different number of shards.
+        """
+        if not addresses:
+            return
+        if len(addresses) != self.num_ps:
+            raise ValueError(f"addresses must name all {self.num_ps} shards. "
+                             f"Received: {len(addresses)} addresses")
+        for shard, address in enumerate(addresses):
+            if address != self.addresses[shard]:
+                channel = self._connect(address)
+                self._retired.append(self._channels[shard])
+                self._channels[shard], self.addresses[shard] = channel, address
+                self._stubs[shard] = rpc.Stub(channel, tensor_stream.PSERVER)
+
     def close(self):
-        for channel in self._channels:
+        for channel in self._channels + self._retired:
             channel.close()
 

@@ -18,12 +18,14 @@ Example:
 """
 
 import json
+import socket
 from concurrent import futures
 
 import grpc
 from google.protobuf import message_factory
 
 from elastic_keras.common.auth import ClientAuth
+from elastic_keras.common.errors import ConfigError
 from elastic_keras.proto import transfer_pb2
 
 MAX_MESSAGE_BYTES = 1 << 30
@@ -118,14 +120,45 @@ def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=DEFAULT_S
     )
     for add in add_servicers:
         add(server)
-    if tls is not None:
-        bound = server.add_secure_port(f"{host}:{port}", tls.server_credentials())
-    else:
-        bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        if tls is not None:
+            bound = server.add_secure_port(f"{host}:{port}", tls.server_credentials())
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # gRPC's answer to an address in use
+        bound = 0
     if bound == 0:
         raise OSError(f"cannot bind a gRPC server to {host}:{port}")
     server.start()
     return server, bound
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def advertised_address(host, port, advertise_host=""):
+    """The `host:port` other roles reach a server at that bound `host:port`.
+
+    `advertise_host` when given (on Kubernetes the pod's IP, from the downward API); for a
+    wildcard `host` ("0.0.0.0", "::"), the address this machine's name resolves to;
+    otherwise `host` itself.
+
+    Raises:
+        ConfigError: `host` is a wildcard and this machine's name does not resolve.
+    """
+    if not advertise_host and host in WILDCARD_HOSTS:
+        try:
+            advertise_host = socket.gethostbyname(socket.gethostname())
+        except OSError as exc:
+            raise ConfigError(
+                f"--host {host!r} binds every interface, and this machine's name "
+                f"({socket.gethostname()}) does not resolve to the address other roles reach "
+                "it at: give it with --advertise-host. Received: no --advertise-host"
+            ) from exc
+    advertise_host = advertise_host or host
+    if ":" in advertise_host and not advertise_host.startswith("["):
+        advertise_host = f"[{advertise_host}]"  # an IPv6 address
+    return f"{advertise_host}:{port}"
 
 
 def wait_until_ready(channel, timeout_s):

@@ -25,6 +25,7 @@ import ipaddress
 import grpc
 
 from elastic_keras.common.errors import ConfigError
+from elastic_keras.common.private_data import read_private
 
 LOOPBACK_NAMES = ("localhost",)
 _VALID_DAYS = 30
@@ -116,11 +117,15 @@ def from_files(ca_path, cert_path, key_path, target="", flags=("--tls-ca", "--tl
                 data = f.read()
         except OSError as exc:
             raise ConfigError(f"{flag} {path}: cannot be read: {exc.strerror}") from exc
-        if b"-----BEGIN " not in data:
-            raise ConfigError(f"{flag} {path} must be a PEM file. Received: {len(data)} bytes "
-                              "without a '-----BEGIN' line")
-        contents.append(data)
+        contents.append(_checked_pem(data, flag, path))
     return TlsMaterial(*contents, target_name=target)
+
+
+def _checked_pem(data, flag, source):
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{flag} {source} must hold PEM. Received: {len(data)} bytes "
+                          "without a '-----BEGIN' line")
+    return data
 
 
 def of_role(config):
@@ -132,7 +137,10 @@ def of_role(config):
     """
     if not (config.tls_ca or config.tls_cert or config.tls_key):
         return None
-    return from_files(config.tls_ca, config.tls_cert, config.tls_key, config.tls_target_name)
+    contents = [_checked_pem(read_private(source, flag), flag, source) for flag, source in
+                (("--tls-ca", config.tls_ca), ("--tls-cert", config.tls_cert),
+                 ("--tls-key", config.tls_key))]
+    return TlsMaterial(*contents, target_name=config.tls_target_name)
 
 
 def is_loopback(host):

@@ -10,9 +10,9 @@ tasks, watches the roles, evaluates, checkpoints, exports the model and writes
   times; past that the job carries on with the workers it has, and fails only when none is
   left. A worker silent for `--worker-heartbeat-timeout` seconds, or holding a task past the
   adaptive task timeout, is killed and handled the same way.
-- A parameter server that exits is relaunched at the same address (workers reconnect on
-  their own and retry through the gap) up to `--relaunch-on-ps-failure` times, restoring
-  its shard from the latest complete checkpoint.
+- A parameter server that exits is relaunched up to `--relaunch-on-ps-failure` times,
+  restoring its shard from the latest complete checkpoint; workers retry through the gap
+  and learn its address (on its old port where it can take it) from the master.
 - `elastic-keras scale` changes the number of workers: new ones get new ids; removed ones
   (the highest ids) get SIGTERM, hand their task back and exit.
 - With `--checkpoint-dir`, a checkpoint (every shard plus the `JobState`) is taken every
@@ -85,7 +85,7 @@ class Master:
         self._error = ""
         self._restore_from = ""      # the checkpoint the parameter servers start from
         self._resumed_from = ""
-        self._ps_client = None
+        self._ps_client = None   # the master's own calls to the shards
         self._scale_lock = threading.Lock()
         self._target_workers = config.num_workers   # what `elastic-keras scale` asked for
         self._applied_workers = config.num_workers  # what the loop has acted on
@@ -106,8 +106,7 @@ class Master:
         waiting, running = self.tasks.training_load()
         return min(self.config.grads_to_wait, len(self.roles.workers()), running + waiting)
 
-    def is_current(self, identity):
-        """Whether worker `identity` is the launch of it that runs now."""
+    def is_current(self, identity):  # worker `identity` is the launch of it that runs now
         return self.roles is not None and self.roles.is_current(identity)
 
     def _make_tls(self):
@@ -190,7 +189,8 @@ class Master:
             auth=auth.ServerAuth(auth.Verifier(self._secret, self.config.job_name), AUTHORITY),
             tls=self._tls,
         )
-        self.roles.master_address = f"{self.config.host}:{port}"
+        self.roles.master_address = rpc.advertised_address(self.config.host, port,
+                                                           self.config.advertise_host)
         job_locator.register(self.config.job_name, self.roles.master_address,
                              credential=self._token(auth.Role.CLIENT),
                              tls=self._role_tls("client"))
@@ -231,6 +231,7 @@ class Master:
                 self._on_role_exit(exit_)
             if self._error:
                 return
+            self._ps_client.readdress(self.membership.ps_addresses()[1])  # a relaunched shard
             self._apply_scale()
             self._error = watch(self.config, self.membership, tasks, self.roles)
             epoch = tasks.epoch_finished()
@@ -308,9 +309,8 @@ class Master:
         # Its version goes on from the highest it reported, not back to the checkpoint's.
         self.roles.start_ps(role.index, port, restore, self.membership.ps_version(role.index))
         logger.warning(
-            "%s %s; relaunched it (%d of %d) %s, %s. Workers wait for it.",
-            role, exit_.describe(), self._relaunches[role.name], budget,
-            "at the same address" if port else "before every shard had registered",
+            "%s %s; relaunched it (%d of %d)%s, %s. Workers wait for it.", role,
+            exit_.describe(), self._relaunches[role.name], budget, f" on port {port}" * bool(port),
             f"restoring {restore}" if restore else
             "with no checkpoint to restore: workers re-initialise its dense variables from "
             "their copies, and its embedding rows start again from their initial values",

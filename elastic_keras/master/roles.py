@@ -43,7 +43,7 @@ class Roles:
         role = RoleId(RoleType.PS, ps_id)
         self.engine.start(RoleSpec(role, "elastic_keras.ps", tuple(to_argv(config)),
                                    files=(("--secret-file", self._secret),)
-                                   + self._tls_files(role)))
+                                   + self._tls_files(role), advertise_flag="--advertise-host"))
 
     def start_worker(self, worker_id):
         with self._lock:

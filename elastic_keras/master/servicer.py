@@ -84,6 +84,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         known = self._master.membership.heartbeat(request.role, request.id)
         answer = master_pb2.HeartbeatResponse(job_finished=self._master.job_finished,
                                               register_again=not known)
+        if request.role == "worker":
+            answer.ps_addresses.extend(self._master.membership.ps_addresses()[1])
         if request.role == "ps" and self._master.config.grads_to_wait:
             size = self._master.sync_round_size
             if size != request.round_size:  # sent once per change

@@ -34,6 +34,7 @@ from elastic_keras.common.errors import CheckpointError, ConfigError
 from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
+from elastic_keras.common.private_data import read_private
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
@@ -80,7 +81,7 @@ def run(config, stop):
         round_timeout_s=config.sync_round_timeout_s,
     )
     try:
-        secret = auth.read_private(config.secret_file, "--secret-file")
+        secret = read_private(config.secret_file, "--secret-file")
         material = tls.of_role(config)
     except ConfigError as exc:
         logger.error("Cannot start: %s (the master's engine passes these files)", exc)
@@ -91,15 +92,13 @@ def run(config, stop):
     transfer = config.transfer
     servicer = PServerServicer(parameters, transfer, config.ps_id, config.num_ps,
                                config.checkpoint_dir, max_waiting_pulls=WAITING_PULLS)
-    server, port = rpc.create_server(
-        [lambda s: add_to_server(servicer, s)],
-        config.host,
-        config.port,
-        max_workers=SERVER_THREADS,
-        auth=auth.ServerAuth(auth.Verifier(secret, config.job_name), AUTHORITY),
-        tls=material,
-    )
-    address = f"{config.host}:{port}"
+    server_auth = auth.ServerAuth(auth.Verifier(secret, config.job_name), AUTHORITY)
+    try:
+        server, port = _serve(config, servicer, server_auth, material)
+        address = rpc.advertised_address(config.host, port, config.advertise_host)
+    except (OSError, ConfigError) as exc:
+        logger.error("Cannot serve: %s", exc)
+        return RoleExitCode.BAD_INPUT
     logger.info(
         "Parameter server %d of %d (job %s) serving on %s%s; sends %s.",
         config.ps_id, config.num_ps, config.job_name, address,
@@ -114,6 +113,22 @@ def run(config, stop):
         master.close()
         server.stop(STOP_GRACE_S).wait()
         logger.info("Parameter server %d stopped.", config.ps_id)
+
+
+def _serve(config, servicer, server_auth, material):
+    """The started server and its port: `--port`, or a free one if that is taken (a
+    relaunched shard asks for its predecessor's, which another process may hold now)."""
+    def create(port):
+        return rpc.create_server([lambda s: add_to_server(servicer, s)], config.host, port,
+                                 max_workers=SERVER_THREADS, auth=server_auth, tls=material)
+    try:
+        return create(config.port)
+    except OSError:
+        if not config.port:
+            raise
+        logger.warning("Port %d is taken; serving on a free one (workers learn it from the "
+                       "master).", config.port)
+        return create(0)
 
 
 def _restore(config, parameters):

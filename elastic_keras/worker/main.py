@@ -24,6 +24,7 @@ from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
+from elastic_keras.common.private_data import read_private
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.worker import strategies
 from elastic_keras.worker.task_loop import TaskLoop
@@ -64,6 +65,7 @@ class Heartbeat(threading.Thread):
         self._master = master
         self._worker_id = worker_id
         self._done = threading.Event()
+        self.ps_client = None  # readdressed when a relaunched shard comes back elsewhere
 
     def run(self):
         last_answer = time.monotonic()
@@ -75,6 +77,8 @@ class Heartbeat(threading.Thread):
                 last_answer = time.monotonic()
                 if answer.register_again:
                     self._master.register_worker(self._worker_id)
+                if self.ps_client is not None:
+                    self._readdress(list(answer.ps_addresses))
             except grpc.RpcError as exc:
                 silent = time.monotonic() - last_answer
                 if silent >= MASTER_LOST_S:
@@ -86,6 +90,17 @@ class Heartbeat(threading.Thread):
                     return
                 logger.warning("The master did not answer a heartbeat (%s); silent for %.0f s",
                                exc.code().name, silent)
+
+    def _readdress(self, addresses):
+        moved = [f"{i} to {a}" for i, a in enumerate(addresses)
+                 if i < self.ps_client.num_ps and a != self.ps_client.addresses[i]]
+        try:
+            self.ps_client.readdress(addresses)
+        except ValueError as exc:
+            logger.error("The master sent parameter-server addresses that do not fit: %s", exc)
+            return
+        if moved:
+            logger.warning("Parameter server %s (relaunched elsewhere)", ", ".join(moved))
 
     def close(self):
         self._done.set()
@@ -119,7 +134,7 @@ def main(argv=None):
     if threading.current_thread() is threading.main_thread():
         _leave_on_sigterm(stop)
     try:
-        token = auth.read_private(config.credential_file, "--credential-file").decode()
+        token = read_private(config.credential_file, "--credential-file").decode()
         material = tls.of_role(config)
     except (ConfigError, UnicodeDecodeError) as exc:
         logger.error("Cannot start: %s (the master's engine passes these files)", exc)
@@ -136,6 +151,7 @@ def main(argv=None):
             logger.info("Worker %d told to stop before it started", config.worker_id)
             return 0
         ps_client = PSClient(addresses, transfer=config.transfer, token=token, tls=material)
+        heartbeat.ps_client = ps_client
         logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
                     config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
         trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,

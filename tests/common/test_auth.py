@@ -31,20 +31,6 @@ def test_a_verifier_accepts_only_this_jobs_credentials_as_written():
     assert [verifier.identity(t) for t in forged] == [None] * len(forged)
 
 
-def test_private_files_are_written_and_read_owner_only(tmp_path):
-    path = str(tmp_path / "secret")
-    auth.write_private(path, b"\x01\x02")
-    assert os.stat(path).st_mode & 0o777 == 0o600
-    assert auth.read_private(path, "--secret-file") == b"\x01\x02"
-    os.chmod(path, 0o644)
-    with pytest.raises(ConfigError, match=r"--secret-file .*mode 0600.*Received: mode 0644"):
-        auth.read_private(path, "--secret-file")
-    with pytest.raises(ConfigError, match="--credential-file is required"):
-        auth.read_private("", "--credential-file")
-    with pytest.raises(ConfigError, match="cannot be read"):
-        auth.read_private(str(tmp_path / "absent"), "--secret-file")
-
-
 @pytest.fixture
 def shard():
     secret = auth.new_secret()

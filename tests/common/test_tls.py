@@ -61,7 +61,7 @@ def test_the_users_files_are_read_and_bad_ones_named(tmp_path, authority):
         paths.append(str(tmp_path / name))
     assert tls.from_files(*paths) == tls.TlsMaterial(material.ca, material.cert, material.key)
     (tmp_path / "cert.pem").write_text("not a certificate")
-    with pytest.raises(ConfigError, match=r"--tls-cert .*cert.pem must be a PEM file"):
+    with pytest.raises(ConfigError, match=r"--tls-cert .*cert.pem must hold PEM"):
         tls.from_files(*paths)
     with pytest.raises(ConfigError, match=r"--tls-ca .*absent.pem: cannot be read"):
         tls.from_files(str(tmp_path / "absent.pem"), *paths[1:])

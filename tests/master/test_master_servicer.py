@@ -187,6 +187,17 @@ def test_heartbeat_says_when_the_job_has_finished(client, master):
     assert client.heartbeat("ps", 0).job_finished is True
 
 
+def test_workers_learn_where_every_shard_serves_from_heartbeats(client, master):
+    client.register_ps(0, "127.0.0.1:7000")
+    assert list(client.heartbeat("worker", 1).ps_addresses) == []  # not every shard yet
+    client.register_ps(1, "127.0.0.1:7001")
+    assert list(client.heartbeat("worker", 1).ps_addresses) == ["127.0.0.1:7000",
+                                                                "127.0.0.1:7001"]
+    client.register_ps(1, "10.0.0.8:7001")  # relaunched elsewhere
+    assert list(client.heartbeat("worker", 1).ps_addresses)[1] == "10.0.0.8:7001"
+    assert list(client.heartbeat("ps", 0).ps_addresses) == []  # shards need none
+
+
 def test_report_version_raises_the_model_version(client, master):
     client.report_version(0, 12)
     client.report_version(1, 5)

@@ -3,6 +3,7 @@
 import json
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -87,12 +88,12 @@ def start_ps(tmp_path, keys):
     """Starts `python -m elastic_keras.ps` against a master; kills what is left at the end."""
     started = []
 
-    def start(master_address):
+    def start(master_address, *flags):
         log = open(tmp_path / f"ps{len(started)}.log", "w+")
         process = subprocess.Popen(
             [sys.executable, "-m", "elastic_keras.ps", "--ps-id", "0", "--num-ps", "1",
              "--master-addr", master_address, "--job-name", "ps-test",
-             "--secret-file", keys.secret_file],
+             "--secret-file", keys.secret_file, *flags],
             stdout=log, stderr=subprocess.STDOUT,
         )
         process.log = log
@@ -254,3 +255,16 @@ def test_bad_flags_exit_with_status_2():
     with pytest.raises(SystemExit) as info:
         ps_main.main(["--ps-id", "3", "--num-ps", "2", "--master-addr", "127.0.0.1:1"])
     assert info.value.code == 2
+
+
+@pytest.mark.slow
+def test_ps_advertises_the_address_it_is_told_and_takes_a_free_port_if_its_own_is_taken(
+        master, start_ps):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = start_ps(master.address, "--port", str(port), "--advertise-host", "10.1.2.3")
+        host, _, bound = registered_address(master, process).rpartition(":")
+    assert host == "10.1.2.3" and int(bound) != port
+    assert f"Port {port} is taken; serving on a free one" in output(process)

@@ -1,8 +1,9 @@
-"""A worker rides through a parameter server that dies and comes back at the same address.
+"""A worker rides through a parameter server that dies and comes back.
 
 The shard is a real gRPC server on 127.0.0.1. It is stopped in the middle of a step and a new
-one is started on the same port: with the same state (a shard restored from a checkpoint),
-or empty (no checkpoint). The trainer retries until it answers.
+one is started on the same port, with the same state (a shard restored from a checkpoint) or
+empty (no checkpoint), or on another port, which the worker learns (from the master's
+heartbeat answers, here told directly). The trainer retries until it answers.
 """
 
 import threading
@@ -129,3 +130,33 @@ def test_a_shard_that_never_comes_back_fails_the_step_after_the_wait(monkeypatch
             trainer.train_minibatch(*BATCH)
     finally:
         client.close()
+
+
+def test_a_shard_back_at_another_address_is_called_there(monkeypatch):
+    monkeypatch.setattr(trainer_module, "_RETRY_PAUSE_S", 0.1)
+    parameters = Parameters()
+    server, port = _serve(parameters)
+    client = PSClient([f"127.0.0.1:{port}"], deadline_s=10)
+    trainer = Trainer(_spec(), client, worker_id=0)
+    moved = []
+
+    def relaunch_elsewhere():
+        new_server, new_port = _serve(parameters)  # the same state, a new port
+        moved.append(new_server)
+        client.readdress([f"127.0.0.1:{new_port}"])
+
+    try:
+        trainer.train_minibatch(*BATCH)
+        server.stop(0)
+        timer = threading.Timer(1.0, relaunch_elsewhere)
+        timer.start()
+        trainer.train_minibatch(*BATCH)  # retries at the old address until told the new one
+        timer.join()
+        assert parameters.version == 2
+        assert client.addresses != [f"127.0.0.1:{port}"]
+        with pytest.raises(ValueError, match="all 1 shards. Received: 2 addresses"):
+            client.readdress(["127.0.0.1:1", "127.0.0.1:2"])
+    finally:
+        client.close()
+        for s in moved:
+            s.stop(0)

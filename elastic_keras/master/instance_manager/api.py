@@ -42,12 +42,17 @@ class RoleSpec:
     credentials). The engine delivers each where only the role's user can read it (a file
     of mode 0600 locally, a Secret on Kubernetes) and adds `flag PATH` to the command line;
     their content never appears on a command line.
+
+    `advertise_flag`, for a role that serves (a parameter server: `--advertise-host`), is the
+    flag that tells it the address other roles reach it at; an engine that knows that address
+    (the pod's IP on Kubernetes, the node's on Ray) adds `advertise_flag ADDRESS`.
     """
 
     role: RoleId
     module: str
     args: tuple
     files: tuple = ()
+    advertise_flag: str = ""
 
     @property
     def name(self):

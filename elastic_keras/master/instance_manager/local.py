@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from elastic_keras.common.auth import write_private
+from elastic_keras.common.private_data import write_private
 from elastic_keras.master.instance_manager.api import InstanceManager, RoleExit, RoleSpec
 
 logger = logging.getLogger(__name__)
