@@ -88,6 +88,13 @@ def _run_scale(args):
 
 
 def _run_train(args):
+    if args.engine == "kubernetes":  # the master runs in a pod: submit it
+        from elastic_keras.master.kubernetes_submit import submit_command
+        try:
+            return submit_command(config_lib.from_namespace(config_lib.JobConfig, args))
+        except ConfigError as exc:
+            print(f"elastic-keras train: error: {exc}", file=sys.stderr)
+            return 2
     from elastic_keras.master.main import train_command  # loads TensorFlow: only to train
 
     return train_command(args)

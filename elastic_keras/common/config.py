@@ -26,6 +26,7 @@ Example:
 import dataclasses
 import os
 
+from elastic_keras.common.engine_options import ClusterOptions
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, check_fields, flag, flag_name
 # What the configs' users parse and write them with, importable from here.
@@ -149,8 +150,11 @@ class JobConfig:
         "", help="The address roles reach the master at (on Kubernetes its pod's IP); "
         "default: --host, or this machine's address when --host is 0.0.0.0."
     )
-    engine: str = flag("local", help="What runs the parameter servers and workers: local "
-                       "(subprocesses of the master, on this machine).")
+    engine: str = flag(
+        "local", help="What runs the parameter servers and workers: local (subprocesses of "
+        "the master, on this machine), kubernetes (pods) or ray (actors).",
+    )
+    cluster: ClusterOptions = flag(ClusterOptions())
     tls: str = flag(
         "off", choices=("off", "auto"),
         help="TLS between the job's roles. auto: the master makes a certificate authority for "

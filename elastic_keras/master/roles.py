@@ -38,24 +38,31 @@ class Roles:
         self._lock = threading.Lock()
 
     def start_ps(self, ps_id, port=0, restore_from="", min_version=0):
-        config = self.config.ps_config(ps_id, self.master_address, port, restore_from,
-                                       min_version)
-        role = RoleId(RoleType.PS, ps_id)
-        self.engine.start(RoleSpec(role, "elastic_keras.ps", tuple(to_argv(config)),
-                                   files=(("--secret-file", self._secret),)
-                                   + self._tls_files(role), advertise_flag="--advertise-host"))
+        self.engine.start(self.ps_spec(ps_id, port, restore_from, min_version))
 
     def start_worker(self, worker_id):
         with self._lock:
             incarnation = self._incarnations.get(worker_id, -1) + 1
             self._incarnations[worker_id] = incarnation
+        self.engine.start(self.worker_spec(worker_id, incarnation))
+
+    def ps_spec(self, ps_id, port=0, restore_from="", min_version=0):
+        """The `RoleSpec` of parameter server `ps_id`."""
+        config = self.config.ps_config(ps_id, self.master_address, port, restore_from,
+                                       min_version)
+        role = RoleId(RoleType.PS, ps_id)
+        return RoleSpec(role, "elastic_keras.ps", tuple(to_argv(config)),
+                        files=(("--secret-file", self._secret),) + self._tls_files(role),
+                        advertise_flag="--advertise-host")
+
+    def worker_spec(self, worker_id, incarnation=0):
+        """The `RoleSpec` of launch `incarnation` of worker `worker_id`."""
         identity = auth.Identity(auth.Role.WORKER, worker_id, incarnation)
         token = auth.credential(self._secret, self.config.job_name, identity)
         config = self.config.worker_config(worker_id, self.master_address)
         role = RoleId(RoleType.WORKER, worker_id)
-        self.engine.start(RoleSpec(role, "elastic_keras.worker", tuple(to_argv(config)),
-                                   files=(("--credential-file", token.encode()),)
-                                   + self._tls_files(role)))
+        return RoleSpec(role, "elastic_keras.worker", tuple(to_argv(config)),
+                        files=(("--credential-file", token.encode()),) + self._tls_files(role))
 
     def _tls_files(self, role):
         material = self._tls_for(role.name)

@@ -1,5 +1,7 @@
 """Engines that start, watch and stop a job's roles, chosen by name with `--engine`."""
 
+import importlib
+
 from elastic_keras.common.errors import ConfigError
 
 from elastic_keras.master.instance_manager.api import (  # noqa: F401
@@ -7,7 +9,13 @@ from elastic_keras.master.instance_manager.api import (  # noqa: F401
 )
 from elastic_keras.master.instance_manager.local import LocalEngineConfig, LocalInstanceManager
 
-ENGINES = {"local": LocalInstanceManager}
+# An engine whose client is an optional dependency is named as "module:class", imported
+# only when a job asks for it.
+ENGINES = {
+    "local": LocalInstanceManager,
+    "kubernetes": "elastic_keras.master.instance_manager.kubernetes_pods:"
+                  "KubernetesInstanceManager",
+}
 
 
 def engine_type(name):
@@ -17,11 +25,15 @@ def engine_type(name):
         ConfigError: no engine has that name.
     """
     try:
-        return ENGINES[name]
+        engine = ENGINES[name]
     except KeyError:
         raise ConfigError(
             f"--engine must be one of {sorted(ENGINES)}. Received: --engine {name!r}"
         ) from None
+    if isinstance(engine, str):
+        module, _, cls = engine.partition(":")
+        engine = getattr(importlib.import_module(module), cls)
+    return engine
 
 
 def create(name, job_config=None, on_line=None):

@@ -68,6 +68,11 @@ class ExitReason(str, enum.Enum):
     MASTER_LOST = "master_lost"
     BAD_INPUT = "bad_input"
     LEAVE_TIMEOUT = "leave_timeout"
+    # Told by an engine that sees more than an exit code (Kubernetes):
+    OOM_KILLED = "oom_killed"        # over its memory limit
+    PREEMPTED = "preempted"          # preempted or evicted by the cluster
+    DELETED = "deleted"              # its pod deleted by someone else
+    UNSCHEDULABLE = "unschedulable"  # never started within --pending-timeout
 
     @classmethod
     def of(cls, exit_code):
@@ -79,12 +84,21 @@ class ExitReason(str, enum.Enum):
         return named.get(exit_code, cls.CRASHED)
 
 
+_TOLD = {ExitReason.OOM_KILLED: "was OOMKilled (over its memory limit)",
+         ExitReason.PREEMPTED: "was preempted or evicted by the cluster",
+         ExitReason.DELETED: "had its pod deleted",
+         ExitReason.UNSCHEDULABLE: "was not scheduled within --pending-timeout"}
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleExit:
-    """A role that stopped: its spec and exit code (negative: killed by that signal)."""
+    """A role that stopped: its spec and exit code (negative: killed by that signal), and
+    the reason an engine saw when the code alone does not tell it (`told`)."""
 
     spec: RoleSpec
     exit_code: int
+    told: "ExitReason | None" = None
+    detail: str = ""  # what the engine saw, e.g. the scheduler's message
 
     @property
     def role(self):
@@ -92,7 +106,7 @@ class RoleExit:
 
     @property
     def reason(self):
-        return ExitReason.of(self.exit_code)
+        return self.told or ExitReason.of(self.exit_code)
 
     @property
     def succeeded(self):
@@ -100,6 +114,8 @@ class RoleExit:
 
     def describe(self):
         """"exited with code 3", "was killed by SIGKILL", ..., for log lines."""
+        if self.told in _TOLD:
+            return _TOLD[self.told] + (f": {self.detail}" if self.detail else "")
         if self.exit_code < 0:
             try:
                 return f"was killed by {signal.Signals(-self.exit_code).name}"
