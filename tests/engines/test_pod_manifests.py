@@ -107,3 +107,11 @@ def test_the_overlay_merges_maps_and_named_lists_and_replaces_other_lists():
     assert merge(base, overlay) == {"spec": {
         "containers": [{"name": "a", "image": "x", "args": ["2"]}, {"name": "b"}],
         "tolerations": [{"key": "other"}], "hostNetwork": True}}
+
+
+def test_the_rbac_manifest_in_the_readme_validates():
+    from tests.conftest import ROOT
+    documents = list(yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()))
+    assert [d["kind"] for d in documents] == ["ServiceAccount", "Role", "RoleBinding"]
+    for document in documents:
+        kubernetes_validate.validate(document, SCHEMA_VERSION, strict=True)
