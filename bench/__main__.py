@@ -17,7 +17,9 @@ Suites (see each module's docstring, and bench/README.md for the latest figures)
   training again (`bench/recovery.py`; `--quick` in about two minutes);
 - census (not in all): the census wide & deep job on the real Adult data (`bench/deepfm.py`);
 - security (not in all): the same dense and sparse jobs with `--tls auto` and without
-  (`bench/security.py`).
+  (`bench/security.py`);
+- engines (not in all): start-up and replacing a lost worker, local processes against the
+  Kubernetes engine on the tests' fake cluster (`bench/engines.py`).
 
 Each part of micro also runs alone: codec, embedding_table, embedding_rows, and transfer
 (every codec and transfer dtype, in ms and bytes on the wire, beside raw gRPC).
@@ -29,8 +31,8 @@ import tempfile
 import time
 
 from bench import (
-    codec, dense, deepfm, embedding_rows, embedding_table, recovery, scaling, security,
-    transfer,
+    codec, dense, deepfm, embedding_rows, embedding_table, engines, recovery, scaling,
+    security, transfer,
 )
 from bench.common import attempt, emit, run_lines
 
@@ -58,6 +60,7 @@ PARTS = {
     "recovery": lambda quick, work_dir: recovery.run(quick),
     "census": lambda quick, work_dir: deepfm.census(),
     "security": security.run,
+    "engines": lambda quick, work_dir: engines.run(quick),
     "codec": codec.run,
     "embedding_table": embedding_table.run,
     "embedding_rows": embedding_rows.run,
