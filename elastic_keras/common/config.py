@@ -121,8 +121,9 @@ class JobConfig:
     )
     relaunch_on_worker_failure: int = flag(
         3, bound=NON_NEGATIVE,
-        help="How many times each worker is relaunched after it dies, hangs or is preempted; "
-        "past that the job carries on with the workers it has.",
+        help="How many times each worker is relaunched after it dies or hangs (a preemption "
+        "the engine reports as such, on Kubernetes, does not count); past that the job "
+        "carries on with the workers it has.",
     )
     relaunch_on_ps_failure: int = flag(
         3, bound=NON_NEGATIVE,

@@ -7,8 +7,9 @@ tasks, watches the roles, evaluates, checkpoints, exports the model and writes
 
 - A worker that exits before the end (killed, crashed, preempted) has its tasks re-queued
   from their last reported record and is relaunched up to `--relaunch-on-worker-failure`
-  times; past that the job carries on with the workers it has, and fails only when none is
-  left. A worker silent for `--worker-heartbeat-timeout` seconds, or holding a task past the
+  times (a preemption the engine reports as such does not count: it is not the worker's
+  failure); past that the job carries on with the workers it has, and fails only when none
+  is left. A worker silent for `--worker-heartbeat-timeout` seconds, or holding a task past the
   adaptive task timeout, is killed and handled the same way.
 - A parameter server that exits is relaunched up to `--relaunch-on-ps-failure` times,
   restoring its shard from the latest complete checkpoint; workers retry through the gap
@@ -25,7 +26,7 @@ import os
 import threading
 import time
 
-from elastic_keras.common import auth, rpc, tls
+from elastic_keras.common import auth, rpc
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.master import instance_manager, job_locator
@@ -33,8 +34,9 @@ from elastic_keras.master.checkpoints import JobCheckpoints
 from elastic_keras.master.console import Console
 from elastic_keras.master.evaluation import Evaluations
 from elastic_keras.master.export import export_saved_model, sample_features
-from elastic_keras.master.instance_manager import RoleType
+from elastic_keras.master.instance_manager import ExitReason, RoleType
 from elastic_keras.master.job_state import JobState
+from elastic_keras.master.job_tls import JobTls
 from elastic_keras.master.membership import Membership
 from elastic_keras.master.reports import Reports
 from elastic_keras.master.resume import start_job
@@ -70,8 +72,7 @@ class Master:
         self.spec = spec
         self.console = console or Console(show_role_info=config.log_level == "debug")
         self._secret = auth.new_secret()  # this run's: every role's credential comes from it
-        self._authority = None  # the job's own certificate authority, with --tls auto
-        self._tls = None        # this master's TLS material, when the job runs TLS
+        self._job_tls = None  # made when the job runs (`JobTls`)
         self.roles = Roles(config, engine, self._secret, self._role_tls) if engine else None
         self.membership = Membership(config.num_ps)
         self.evaluations = Evaluations(spec.eval_metrics_fn, config.evaluation_steps)
@@ -109,20 +110,8 @@ class Master:
     def is_current(self, identity):  # worker `identity` is the launch of it that runs now
         return self.roles is not None and self.roles.is_current(identity)
 
-    def _make_tls(self):
-        """This master's TLS material: from a CA made for the job (--tls auto), the user's
-        files (--tls-cert/--tls-key/--tls-ca), or None."""
-        config = self.config
-        if config.tls == "auto":
-            self._authority = tls.JobAuthority.create(config.job_name)
-            return self._authority.issue("master")
-        if config.tls_cert:
-            return tls.from_files(config.tls_ca, config.tls_cert, config.tls_key)
-        return None
-
     def _role_tls(self, name):
-        """The TLS material role `name` gets: its own certificate, or the user's."""
-        return self._authority.issue(name) if self._authority else self._tls
+        return self._job_tls.for_role(name) if self._job_tls else None
 
     def _token(self, role):
         return auth.credential(self._secret, self.config.job_name, auth.Identity(role))
@@ -140,7 +129,7 @@ class Master:
         """Runs the job to its end and returns its `JobSummary` (also written to --output)."""
         started = time.time()
         server = None
-        self._tls = self._make_tls()  # bad TLS files or data: nothing launched
+        self._job_tls = JobTls(self.config)  # bad TLS files or data: nothing launched
         self._start(start_job(self.config, self.checkpoints))
         if self.roles is None:
             self.roles = Roles(self.config, instance_manager.create(
@@ -187,7 +176,7 @@ class Master:
             [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), s)],
             self.config.host, self.config.port,
             auth=auth.ServerAuth(auth.Verifier(self._secret, self.config.job_name), AUTHORITY),
-            tls=self._tls,
+            tls=self._job_tls.own,
         )
         self.roles.master_address = rpc.advertised_address(self.config.host, port,
                                                            self.config.advertise_host)
@@ -221,7 +210,7 @@ class Master:
                 return False
             time.sleep(0.05)
         self._ps_client = PSClient(self.membership.ps_addresses()[1],
-                                   token=self._token(auth.Role.MASTER), tls=self._tls)
+                                   token=self._token(auth.Role.MASTER), tls=self._job_tls.own)
         return True
 
     def _loop(self):
@@ -282,7 +271,10 @@ class Master:
         lost = self.tasks.recover_worker(role.index)
         how = "left without being asked (preempted?)" if exit_.succeeded else exit_.describe()
         budget = self.config.relaunch_on_worker_failure
-        if self._relaunches[role.name] < budget:
+        if exit_.reason == ExitReason.PREEMPTED:  # the cluster's doing: not a failure
+            self.roles.start_worker(role.index)
+            logger.warning("%s %s; %d of its tasks re-queued; relaunched it", role, how, lost)
+        elif self._relaunches[role.name] < budget:
             self._relaunches[role.name] += 1
             self.roles.start_worker(role.index)
             logger.warning("%s %s; %d of its tasks re-queued; relaunched it (%d of %d)",
