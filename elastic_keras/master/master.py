@@ -302,7 +302,8 @@ class Master:
         self.roles.start_ps(role.index, port, restore, self.membership.ps_version(role.index))
         logger.warning(
             "%s %s; relaunched it (%d of %d)%s, %s. Workers wait for it.", role,
-            exit_.describe(), self._relaunches[role.name], budget, f" on port {port}" * bool(port),
+            exit_.describe(), self._relaunches[role.name], budget,
+            f" on port {port}" if port else " before every shard had registered",
             f"restoring {restore}" if restore else
             "with no checkpoint to restore: workers re-initialise its dense variables from "
             "their copies, and its embedding rows start again from their initial values",

@@ -24,20 +24,20 @@ from elastic_keras.master.instance_manager.api import InstanceManager, RoleExit,
 
 logger = logging.getLogger(__name__)
 
-# `python -c _BOOTSTRAP <master pid> <module> <args...>`: the child asks for SIGKILL when the
-# master dies (PR_SET_PDEATHSIG; elsewhere roles notice the master's absence over gRPC), then
-# runs the module as `python -m` does. The child does this itself because a `preexec_fn`
+# `python -c CHILD_BOOTSTRAP <parent pid> <module> <args...>`: the child asks for SIGKILL when
+# its parent (the master; on Ray the role's actor) dies (PR_SET_PDEATHSIG; elsewhere roles
+# notice the master's absence over gRPC), then runs the module as `python -m` does. The child does this itself because a `preexec_fn`
 # would make Python fork() rather than vfork(), and gRPC's fork handlers can then abort the
 # child before it reaches exec() (grpc/grpc#43055).
-_BOOTSTRAP = """
+CHILD_BOOTSTRAP = """
 import ctypes, os, runpy, signal, sys
-master, module = int(sys.argv[1]), sys.argv[2]
+parent, module = int(sys.argv[1]), sys.argv[2]
 try:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 except OSError:
     pass
-if os.getppid() != master:
-    sys.exit("the master is gone")
+if os.getppid() != parent:
+    sys.exit("the parent is gone")
 sys.argv = [module, *sys.argv[3:]]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
@@ -88,7 +88,7 @@ class LocalInstanceManager(InstanceManager):
                 raise ValueError(f"Role {spec.name} is already running.")
             args = self._deliver(spec)
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, str(os.getpid()), spec.module, *args],
+                [sys.executable, "-c", CHILD_BOOTSTRAP, str(os.getpid()), spec.module, *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
