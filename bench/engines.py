@@ -1,16 +1,17 @@
 """What an engine costs a job: start-up, and replacing a lost worker.
 
 `python -m bench engines` runs the same small job (the MNIST CNN, 2 workers, 1 PS) on the
-local engine and on the Kubernetes engine against the test suite's fake cluster (kmock, a
-fake API server in its own process, driven over HTTP by the official client, and a fake
-kubelet that runs each pod's command as a local process: so the figures count the engine's
-API calls, its watch and Secrets, not a real cluster's scheduling or image pulls). Per
-engine, measured from this process, side by side in one run:
+local engine, on the Kubernetes engine against the test suite's fake cluster (kmock, a fake
+API server in its own process, driven over HTTP by the official client, and a fake kubelet
+that runs each pod's command as a local process: so the figures count the engine's API
+calls, its watch and Secrets, not a real cluster's scheduling or image pulls), and on the Ray
+engine with the Ray cluster it starts on 127.0.0.1. Per engine, measured from this process,
+side by side in one run:
 
 - `engines/<engine>/startup_s`: from starting `elastic-keras train` to the last worker's
   model being built (the job about to train);
-- `engines/<engine>/replace_worker_s`: from losing worker-0 (SIGKILL of its process locally,
-  deleting its pod on Kubernetes) to its replacement's model being built.
+- `engines/<engine>/replace_worker_s`: from losing worker-0 (SIGKILL of its process locally
+  and on Ray, deleting its pod on Kubernetes) to its replacement's model being built.
 """
 
 import os
@@ -69,11 +70,11 @@ def _measure(engine, records, work, start, worker_log, lose_worker):
     emit(f"engines/{engine}/replace_worker_s", params, replaced - lost, "s", None)
 
 
-def _local(records, work):
+def _local(records, work, engine="local", flags=()):
     from bench.recovery import _pid
 
-    logs = work / "local" / "out" / "logs"
-    (work / "local").mkdir()
+    logs = work / engine / "out" / "logs"
+    (work / engine).mkdir()
 
     def log(job, worker, launch):
         # Every launch of a role appends to one log: a launch's own "Model built" is the
@@ -81,8 +82,8 @@ def _local(records, work):
         return logs / f"worker-{worker}.log" if _count(logs / f"worker-{worker}.log",
                                                       "Model built") > launch else "/absent"
 
-    _measure("local", records, work, lambda job: _job(records, work / "local", job, []), log,
-             lambda job: os.kill(_pid(job, "worker", 0), signal.SIGKILL))
+    _measure(engine, records, work, lambda job: _job(records, work / engine, job, list(flags)),
+             log, lambda job: os.kill(_pid(job, "worker", 0), signal.SIGKILL))
 
 
 def _count(path, text):
@@ -120,6 +121,7 @@ def run(quick=False):
         records = mnist_records(work / "mnist")
         _local(records, work)
         _kubernetes(records, work)
+        _local(records, work, "ray", ("--engine", "ray"))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ class ClusterOptions:
         "submitting machine, ';'-separated, each claim_name=C,mount_path=P or "
         "host_path=H,mount_path=P (optionally ,sub_path=S,read_only=true).",
     )
-    env: str = flag("", help="Kubernetes: environment variables of every pod, K=V,K2=V2.")
+    env: str = flag("", help="Kubernetes and Ray: environment variables of every role, "
+                    "K=V,K2=V2.")
     node_selector: str = flag("", help="Kubernetes: node labels every pod needs, k=v,k2=v2.")
     tolerations: str = flag(
         "", help="Kubernetes: taints every pod tolerates, ';'-separated, each "
@@ -78,8 +79,9 @@ class ClusterOptions:
     )
     pending_timeout: float = flag(
         600.0, bound=NON_NEGATIVE,
-        help="Kubernetes: a pod unschedulable for this many seconds is deleted and handled as "
-        "a failed role (0: wait for ever).",
+        help="Kubernetes and Ray: a role no node can take for this many seconds (its pod "
+        "unschedulable, its actor not placed) is removed and handled as a failed role (0: wait "
+        "for ever).",
     )
     keep_failed_pods: bool = flag(False, help="Kubernetes: keep pods that failed (for their "
                                   "logs) when the job ends; the others are deleted.")
@@ -87,8 +89,9 @@ class ClusterOptions:
     yaml: str = flag("", help="Kubernetes: write every manifest (the master pod and the pods "
                      "it would create) to this file instead of submitting.")
     ray_address: str = flag(
-        "", help="Ray: the cluster to run on (auto, or ray://host:port); empty: a local Ray "
-        "started for the job and stopped with it.",
+        "", help="Ray: the cluster to run on (its head's host:port, auto, or ray://host:port "
+        "through Ray Client); empty: a Ray cluster on this machine (127.0.0.1 only), started "
+        "for the job and stopped with it.",
     )
 
     def __post_init__(self):

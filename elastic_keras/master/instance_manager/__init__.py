@@ -15,6 +15,7 @@ ENGINES = {
     "local": LocalInstanceManager,
     "kubernetes": "elastic_keras.master.instance_manager.kubernetes_pods:"
                   "KubernetesInstanceManager",
+    "ray": "elastic_keras.master.instance_manager.ray_actors:RayInstanceManager",
 }
 
 

@@ -68,11 +68,12 @@ class ExitReason(str, enum.Enum):
     MASTER_LOST = "master_lost"
     BAD_INPUT = "bad_input"
     LEAVE_TIMEOUT = "leave_timeout"
-    # Told by an engine that sees more than an exit code (Kubernetes):
+    # Told by an engine that sees more than an exit code (Kubernetes, Ray):
     OOM_KILLED = "oom_killed"        # over its memory limit
     PREEMPTED = "preempted"          # preempted or evicted by the cluster
     DELETED = "deleted"              # its pod deleted by someone else
     UNSCHEDULABLE = "unschedulable"  # never started within --pending-timeout
+    ACTOR_LOST = "actor_lost"        # its Ray actor killed, or its node lost
 
     @classmethod
     def of(cls, exit_code):
@@ -87,7 +88,8 @@ class ExitReason(str, enum.Enum):
 _TOLD = {ExitReason.OOM_KILLED: "was OOMKilled (over its memory limit)",
          ExitReason.PREEMPTED: "was preempted or evicted by the cluster",
          ExitReason.DELETED: "had its pod deleted",
-         ExitReason.UNSCHEDULABLE: "was not scheduled within --pending-timeout"}
+         ExitReason.UNSCHEDULABLE: "was not scheduled within --pending-timeout",
+         ExitReason.ACTOR_LOST: "lost its Ray actor (killed, or its node lost)"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,9 @@ logger = logging.getLogger(__name__)
 
 # `python -c CHILD_BOOTSTRAP <parent pid> <module> <args...>`: the child asks for SIGKILL when
 # its parent (the master; on Ray the role's actor) dies (PR_SET_PDEATHSIG; elsewhere roles
-# notice the master's absence over gRPC), then runs the module as `python -m` does. The child does this itself because a `preexec_fn`
-# would make Python fork() rather than vfork(), and gRPC's fork handlers can then abort the
-# child before it reaches exec() (grpc/grpc#43055).
+# notice the master's absence over gRPC), then runs the module as `python -m` does. The child
+# does this itself because a `preexec_fn` would make Python fork() rather than vfork(), and
+# gRPC's fork handlers can then abort the child before it reaches exec() (grpc/grpc#43055).
 CHILD_BOOTSTRAP = """
 import ctypes, os, runpy, signal, sys
 parent, module = int(sys.argv[1]), sys.argv[2]

@@ -1,0 +1,363 @@
+"""Roles as Ray actors: `--engine ray`.
+
+Each launch of a role is an actor named `<role>-<launch>` in the Ray namespace
+`elastic-keras-<job>`, placed by Ray with the resources `--ps-resource-request` and
+`--worker-resource-request` ask for (none by default, so a role never waits for a CPU Ray
+counts as taken). The actor runs the role as its child process, as the local engine does,
+and the child asks for SIGKILL when the actor dies. Ray restarts no actor and retries no
+call: relaunching is the master's decision. Private data reaches the child through its
+environment (`env:NAME` sources, see `common.private_data`), never a file or a command line.
+A serving role advertises its node's address.
+
+One thread polls every running actor: the role's output comes back with each poll, into the
+master's console and `<output>/logs/<role>.log`. What ended a launch is told apart: the
+child's exit code or signal, its actor lost (`ray.kill`, its node died), or no node able to
+place it within `--pending-timeout`.
+
+Without `--ray-address` the engine starts a Ray cluster on this machine for the job
+(`ray_cluster`) and stops it with the job; with one, it connects to that cluster and leaves it
+running.
+"""
+
+import collections
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from elastic_keras.common.engine_options import ClusterOptions, parse_pairs, quantity
+from elastic_keras.common.errors import ConfigError
+from elastic_keras.common.private_data import encode_for_env, env_source
+from elastic_keras.master.instance_manager.api import (
+    ExitReason, InstanceManager, RoleExit, RoleType,
+)
+from elastic_keras.master.instance_manager.local import CHILD_BOOTSTRAP
+from elastic_keras.master.instance_manager.ray_cluster import connect
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.25        # how often every actor is asked for its role's output and exit
+MAX_LINES = 2000     # output lines one poll brings back at most
+STOP_WAIT_S = 30.0   # after a stop's grace, how long its role gets to be seen gone
+
+
+@dataclasses.dataclass(frozen=True)
+class RayEngineConfig:
+    """How the Ray engine runs a job's roles.
+
+    Attributes:
+        job_name: names the actors' namespace.
+        options: the job's `ClusterOptions` (--ray-address, resources, env, ...).
+        log_dir: where role logs go, or "" for none.
+        workdir: the roles' working directory, on the nodes where it exists.
+    """
+
+    job_name: str = "job"
+    options: ClusterOptions = ClusterOptions()
+    log_dir: str = ""
+    workdir: str = ""
+
+    @classmethod
+    def from_job(cls, job):
+        return cls(job.job_name, job.cluster,
+                   os.path.join(job.output, "logs") if job.output else "", os.getcwd())
+
+
+def actor_options(options, role_type):
+    """Ray's placement options for a role of `role_type`, from its resource requests.
+
+    Raises:
+        ConfigError: a resource limit (Ray places by requests only) or a resource Ray does
+            not schedule.
+    """
+    role = role_type.value
+    limit = options.role_resources(role, "limit")
+    if limit:
+        raise ConfigError(f"Ray places roles by their requests and has no limits: use "
+                          f"--{role}-resource-request. Received: --{role}-resource-limit "
+                          f"{getattr(options, f'{role}_resource_limit')}")
+    flag = f"--{role}-resource-request"
+    placed = {"num_cpus": 0}
+    for name, value in options.role_resources(role).items():
+        amount = quantity(value, f"{flag} {name}")
+        if name == "cpu":
+            placed["num_cpus"] = amount
+        elif name == "gpu":
+            placed["num_gpus"] = amount
+        elif name == "memory":
+            placed["memory"] = int(amount)
+        else:
+            raise ConfigError(f"{flag}: Ray schedules cpu, gpu and memory. "
+                              f"Received: {name}={value}")
+    return placed
+
+
+class RoleActor:
+    """One launch of a role, run as this actor's child process."""
+
+    def __init__(self):
+        self._proc = None
+        self._lines = collections.deque()
+        self._reader = None
+
+    def start(self, module, args, private, advertise_flag, env, workdir):
+        """Starts the role; returns (this node's address, the role's pid)."""
+        import ray
+        node = ray.util.get_node_ip_address()
+        args, child_env = list(args), {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        for flag, data in private:
+            name = "EK_" + flag.lstrip("-").replace("-", "_").upper()
+            child_env[name] = encode_for_env(data)
+            args += [flag, env_source(name)]
+        if advertise_flag:
+            args += [advertise_flag, node]
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD_BOOTSTRAP, str(os.getpid()), module, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=child_env, cwd=workdir if workdir and os.path.isdir(workdir) else None,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return node, self._proc.pid
+
+    def _read(self):
+        for raw in self._proc.stdout:
+            self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def poll(self, max_lines):
+        """(exit code or None while running or output is left, output lines since the last
+        poll)."""
+        code = self._proc.poll()
+        if code is not None:
+            self._reader.join(timeout=5)
+        lines = [self._lines.popleft() for _ in range(min(max_lines, len(self._lines)))]
+        return (None if self._lines else code), lines
+
+    def signal(self, signum):
+        if self._proc.poll() is None:
+            self._proc.send_signal(signum)
+
+
+@dataclasses.dataclass
+class _Launch:
+    spec: object
+    actor: object
+    created: float
+    started: object = None  # the start call's ref until it answers, then None
+    stopping: bool = False
+    polling: object = None  # the poll call in flight
+    ended: "RoleExit | None" = None
+
+
+class RayInstanceManager(InstanceManager):
+    """Runs each role as a Ray actor.
+
+    Args:
+        config: a `RayEngineConfig`.
+        on_line: called as `on_line(role_name, line)` for every line a role prints.
+
+    Raises:
+        ConfigError: Ray is not installed, the cluster cannot be reached or started, or bad
+            resource flags.
+    """
+
+    config_type = RayEngineConfig
+
+    def __init__(self, config=None, on_line=None):
+        config = config or RayEngineConfig()
+        self._config = config
+        self._placement = {t: actor_options(config.options, t) for t in RoleType}
+        self._env = parse_pairs(config.options.env, "--env")
+        self._on_line = on_line or (lambda name, line: None)
+        self._ray, self._cluster = connect(config.options.ray_address,
+                                           f"elastic-keras-{config.job_name}", config.log_dir)
+        self._actor_type = self._ray.remote(max_restarts=0, max_task_retries=0)(RoleActor)
+        self._launches = collections.Counter()
+        self._current = {}
+        self._exits = []
+        self._logs = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="ray-watch", daemon=True)
+        self._watcher.start()
+
+    # -- orders ----------------------------------------------------------------------------
+
+    def start(self, spec):
+        with self._lock:
+            if spec.name in self._current:
+                raise ValueError(f"Role {spec.name} is already running.")
+            launch = self._launches[spec.name]
+            self._launches[spec.name] += 1
+        name = f"{spec.name}-{launch}"
+        try:
+            actor = self._actor_type.options(
+                name=name, **self._placement[spec.role.type]).remote()
+        except ValueError as exc:  # the name is taken in this namespace
+            raise RuntimeError(f"Cannot create Ray actor {name}: {exc}") from exc
+        started = actor.start.remote(spec.module, spec.args, spec.files, spec.advertise_flag,
+                                     self._env, self._config.workdir)
+        with self._lock:
+            self._current[spec.name] = _Launch(spec, actor, time.monotonic(), started)
+        logger.info("Created Ray actor %s for %s", name, spec.name)
+
+    def poll(self):
+        with self._lock:
+            exits, self._exits = self._exits, []
+        return exits
+
+    def running(self):
+        with self._lock:
+            return [launch.spec for launch in self._current.values()]
+
+    def stop(self, role, grace_s):
+        self._stop([role.name], grace_s)
+
+    def kill(self, role):
+        with self._lock:
+            launch = self._current.get(role.name)
+            if launch:
+                launch.stopping = True
+        if launch:
+            self._signal(launch, signal.SIGKILL)
+
+    def stop_all(self, grace_s):
+        with self._lock:
+            names = list(self._current)
+        self._stop(names, grace_s)
+        self._closed.set()
+        self._watcher.join(timeout=10)
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        self._ray.shutdown()
+        if self._cluster is not None:
+            self._cluster.stop()
+
+    def _stop(self, names, grace_s):
+        """SIGTERM to the roles `names`, SIGKILL after `grace_s`; returns once each is seen
+        ended (its actor killed, and the role taken as killed, if it is never seen)."""
+        with self._lock:
+            launches = [self._current[n] for n in names if n in self._current]
+            for launch in launches:
+                launch.stopping = True
+        for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, STOP_WAIT_S)):
+            for launch in launches:
+                self._signal(launch, signum)
+            deadline = time.monotonic() + wait_s
+            with self._changed:
+                if self._changed.wait_for(lambda: all(l.ended for l in launches),
+                                          timeout=max(0.0, deadline - time.monotonic())):
+                    return
+        with self._lock:
+            unseen = [launch for launch in launches if launch.ended is None]
+            for launch in unseen:
+                self._end(launch, RoleExit(launch.spec, -signal.SIGKILL))
+        for launch in unseen:
+            self._ray.kill(launch.actor)
+
+    def _signal(self, launch, signum):
+        if launch.started is not None and signum == signal.SIGKILL:
+            self._ray.kill(launch.actor)  # not placed yet: nothing runs to signal
+        else:
+            launch.actor.signal.remote(signum)
+
+    # -- what the actors say -----------------------------------------------------------------
+
+    def _watch(self):
+        while not self._closed.wait(POLL_S):
+            try:
+                self._poll_actors()
+            except Exception:  # never leave the job without a watch
+                logger.exception("Polling the job's Ray actors failed; polling again")
+
+    def _poll_actors(self):
+        with self._lock:
+            launches = [l for l in self._current.values() if l.ended is None]
+        for launch in launches:
+            if launch.started is not None:
+                self._check_started(launch)
+            elif launch.polling is None:
+                launch.polling = launch.actor.poll.remote(MAX_LINES)
+        polls = {l.polling: l for l in launches if l.polling is not None}
+        if polls:
+            ready, _ = self._ray.wait(list(polls), num_returns=len(polls), timeout=1.0)
+            for ref in ready:
+                polls[ref].polling = None
+                self._polled(polls[ref], ref)
+
+    def _check_started(self, launch):
+        ready, _ = self._ray.wait([launch.started], timeout=0)
+        if ready:
+            try:
+                node, pid = self._ray.get(launch.started)
+            except self._ray.exceptions.RayError as exc:
+                self._lost(launch, exc)
+                return
+            launch.started = None
+            logger.info("%s runs on %s (pid %d)", launch.spec.name, node, pid)
+            return
+        timeout = self._config.options.pending_timeout
+        if timeout and not launch.stopping and time.monotonic() - launch.created > timeout:
+            launch.stopping = True
+            self._ray.kill(launch.actor)
+            with self._lock:
+                self._end(launch, RoleExit(
+                    launch.spec, -signal.SIGKILL, ExitReason.UNSCHEDULABLE,
+                    f"no Ray node offered {self._placement[launch.spec.role.type]}"))
+
+    def _polled(self, launch, ref):
+        exceptions = self._ray.exceptions
+        try:
+            code, lines = self._ray.get(ref)
+        except exceptions.ActorUnavailableError:
+            return  # for now: its node is unreachable; asked again next round
+        except exceptions.RayError as exc:
+            self._lost(launch, exc)
+            return
+        for line in lines:
+            self._line(launch.spec.name, line)
+        if code is not None:
+            with self._lock:
+                self._end(launch, RoleExit(launch.spec, code))
+            self._ray.kill(launch.actor)
+
+    def _lost(self, launch, exc):
+        """The actor of `launch` is gone (or its start failed)."""
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        actor_died = isinstance(exc, self._ray.exceptions.RayActorError)
+        with self._lock:
+            if launch.stopping:
+                ended = RoleExit(launch.spec, -signal.SIGKILL)
+            elif actor_died:
+                ended = RoleExit(launch.spec, -signal.SIGKILL, ExitReason.ACTOR_LOST, detail)
+            else:  # its start raised
+                ended = RoleExit(launch.spec, 1, None, detail)
+                logger.error("%s could not start in its Ray actor: %s", launch.spec.name, exc)
+            self._end(launch, ended)
+
+    def _line(self, name, line):
+        if self._config.log_dir:
+            if name not in self._logs:
+                os.makedirs(self._config.log_dir, exist_ok=True)
+                self._logs[name] = open(os.path.join(self._config.log_dir, f"{name}.log"),
+                                        "a", encoding="utf-8")
+            self._logs[name].write(line + "\n")
+            self._logs[name].flush()
+        self._on_line(name, line)
+
+    def _end(self, launch, ended):
+        """Records that `launch` ended (the lock held)."""
+        if launch.ended is not None:
+            return
+        launch.ended = ended
+        if self._current.get(launch.spec.name) is launch:
+            del self._current[launch.spec.name]
+        self._exits.append(ended)
+        self._changed.notify_all()

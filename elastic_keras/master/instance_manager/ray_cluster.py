@@ -1,0 +1,214 @@
+"""The Ray engine's cluster: the one `--ray-address` names, or one on this machine for the
+job.
+
+`connect` joins a cluster as the job's driver. Without `--ray-address` it first starts a
+`LocalRayCluster`: `ray start --head --block` under a keeper process, which asks the kernel
+for SIGTERM when the master dies and becomes the subreaper of everything Ray starts, so that
+Ray's agents, which outlive a killed head and ignore SIGTERM, are its children too. When the
+master stops the cluster, or dies, the keeper stops the head and then SIGKILLs whatever is
+left under it: no Ray process outlives the job. The cluster binds 127.0.0.1 only.
+
+`python -m elastic_keras.master.instance_manager.ray_cluster PARENT_PID PORT NUM_CPUS` runs
+the keeper.
+"""
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from elastic_keras.common.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+HEAD_STOP_S = 10.0      # the head's own shutdown gets this long before the keeper kills
+START_TIMEOUT_S = 120.0
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class LocalRayCluster:
+    """A head node on 127.0.0.1 kept by a child process; `address` is its GCS address.
+
+    Args:
+        num_cpus: the CPUs the cluster offers (default: this machine's).
+        log_path: where the keeper and the head write their output.
+    """
+
+    def __init__(self, num_cpus=None, log_path=os.devnull):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self._keeper = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(os.getpid()), str(port),
+                 str(num_cpus or os.cpu_count() or 1)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **RAY_ENV}, start_new_session=True,
+            )
+
+    def wait_ready(self, timeout_s=START_TIMEOUT_S):
+        """Returns once the head answers on its port.
+
+        Raises:
+            ConfigError: the head exited or did not answer within `timeout_s`.
+        """
+        host, port = self.address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._keeper.poll() is not None:
+                break
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise ConfigError(f"The job's local Ray cluster did not start (see {self.log_path}). "
+                          f"Received: no answer at {self.address} after {timeout_s:.0f} s")
+
+    def stop(self, timeout_s=HEAD_STOP_S + 20):
+        """Stops the head and every process under it; returns when the keeper has exited."""
+        if self._keeper.poll() is None:
+            self._keeper.send_signal(signal.SIGTERM)
+        try:
+            self._keeper.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._keeper.kill()
+            self._keeper.wait()
+
+
+def connect(address, namespace, log_dir=""):
+    """(the `ray` module, connected to the cluster at `address` in `namespace`; the job's own
+    `LocalRayCluster`, logging to `log_dir`/ray.log, when `address` is empty, else None).
+
+    Raises:
+        ConfigError: Ray is not installed, or the cluster cannot be reached or started.
+    """
+    given = address
+    if not given:
+        os.environ.update({k: v for k, v in RAY_ENV.items() if k not in os.environ})
+    else:
+        _check_reachable(given)
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--engine ray needs Ray: pip install 'elastic-keras[ray]'. "
+                          "Received: no module named ray") from None
+    cluster = None
+    if not given:
+        _loopback_only()
+        log = os.path.join(log_dir, "ray.log") if log_dir else os.devnull
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        cluster = LocalRayCluster(log_path=log)
+        cluster.wait_ready()
+        address = cluster.address
+    try:
+        ray.init(address=address, namespace=namespace,
+                 log_to_driver=False, logging_level=logging.WARNING)
+    except Exception as exc:
+        if cluster is not None:
+            cluster.stop()
+        raise ConfigError(f"Cannot connect to the Ray cluster at {address} ({exc}). "
+                          f"Received: --ray-address {given!r}") from exc
+    logger.info("Ray cluster at %s; the job's actors are in namespace %s", address, namespace)
+    return ray, cluster
+
+
+def _loopback_only():
+    """Keeps this driver on 127.0.0.1 for the job's local cluster: Ray reads
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it is imported, and otherwise resolves 127.0.0.1
+    to this machine's network address, where the cluster does not listen. When Ray was
+    imported before the variable was set (by a model module, say), its constant is set."""
+    constants = sys.modules.get("ray._private.ray_constants")
+    if getattr(constants, "ENABLE_RAY_CLUSTER", False):
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _check_reachable(address):
+    """A head's host:port answers (Ray itself retries an unreachable one for minutes).
+
+    Raises:
+        ConfigError: it does not answer within 10 s.
+    """
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        raise ConfigError(f"--ray-address {address}: no Ray head answers there ({exc}). "
+                          f"Received: --ray-address {address}") from None
+
+
+def _descendants(pid):
+    """Every live process under `pid`, children before their children."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as f:
+                    children = [int(child) for child in f.read().split()]
+                found += children
+                queue += children
+        except OSError:
+            continue
+    return found
+
+
+def _reap_all():
+    """SIGKILLs every process under this one until none is left."""
+    while True:
+        left = _descendants(os.getpid())
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while True:  # collect the dead (orphans are ours: this process is their subreaper)
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        time.sleep(0.05)
+
+
+def _keep(parent, port, num_cpus):
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if os.getppid() != parent:
+        return 1
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+         f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+         f"--num-cpus={num_cpus}", "--disable-usage-stats"], stdin=subprocess.DEVNULL)
+    while not stop.wait(0.5) and head.poll() is None:
+        pass
+    if head.poll() is None:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=HEAD_STOP_S)
+        except subprocess.TimeoutExpired:
+            pass
+    _reap_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_keep(*(int(arg) for arg in sys.argv[1:4])))

@@ -1,0 +1,172 @@
+"""The Ray engine (ray_actors.py) on a real Ray cluster on 127.0.0.1 that it starts itself
+(ray_cluster.py): what it reports for each way a role can end, what reaches a role, and what
+is left once the engine stops or its process is killed."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from elastic_keras.common.engine_options import ClusterOptions
+from elastic_keras.common.errors import ConfigError
+from elastic_keras.master.instance_manager import ExitReason, RoleId, RoleSpec, RoleType
+from elastic_keras.master.instance_manager.ray_actors import (
+    RayEngineConfig, RayInstanceManager, actor_options,
+)
+from tests.e2e.conftest import wait_for
+from tests.engines.process_marks import alive, marked_processes
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(300)
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """One engine (and its cluster) for the module: a PS asks for more CPUs than any node
+    has, so it is never placed."""
+    logs = tmp_path_factory.mktemp("ray-logs")
+    lines = []
+    options = ClusterOptions(ps_resource_request="cpu=512", pending_timeout=3,
+                             env="EK_TEST_GREETING=hello")
+    made = RayInstanceManager(RayEngineConfig("rayengine", options, str(logs), os.getcwd()),
+                              on_line=lambda role, line: lines.append((role, line)))
+    made.lines, made.logs = lines, logs
+    yield made
+    made.stop_all(1)
+
+
+def _spec(index, seconds, code=0, files=(), role_type=RoleType.WORKER, args=()):
+    return RoleSpec(RoleId(role_type, index), "tests.engines.sleepy_role",
+                    (str(seconds), str(code), *args), files=files,
+                    advertise_flag="--advertise-host" if role_type == RoleType.PS else "")
+
+
+def _exits(engine, count):
+    found = []
+    wait_for(lambda: found.extend(engine.poll()) or len(found) >= count, WAIT_S,
+             f"{count} role exits", left=lambda: found)
+    return {e.role.name: e for e in found}
+
+
+def _said(engine, role, prefix):
+    for name, line in list(engine.lines):
+        if name == role and line.startswith(prefix):
+            return line[len(prefix):]
+    return None
+
+
+def test_exit_codes_output_and_private_data_come_back(engine):
+    engine.start(_spec(0, 0, 0, files=(("--secret-file", b"s3cret"),)))
+    engine.start(_spec(1, 0, 7, args=("--greeting", "$EK_TEST_GREETING")))
+    exits = _exits(engine, 2)
+    assert (exits["worker-0"].exit_code, exits["worker-0"].reason) == (0, ExitReason.SUCCEEDED)
+    assert (exits["worker-1"].exit_code, exits["worker-1"].reason) == (7, ExitReason.CRASHED)
+    # Private data reaches the role through its environment, not its command line.
+    assert _said(engine, "worker-0", "--secret-file=") == "s3cret"
+    log = (engine.logs / "worker-0.log").read_text()
+    assert "up" in log and "s3cret" in log
+    assert engine.running() == []
+
+
+def test_stop_asks_first_and_kill_does_not(engine):
+    engine.start(_spec(2, 120))
+    engine.start(_spec(3, 120))
+    wait_for(lambda: _said(engine, "worker-2", "pid ") and _said(engine, "worker-3", "pid "),
+             WAIT_S, "both roles up")
+    engine.stop(RoleId(RoleType.WORKER, 2), grace_s=10)
+    engine.kill(RoleId(RoleType.WORKER, 3))
+    exits = _exits(engine, 2)
+    assert exits["worker-2"].exit_code == 0 and _said(engine, "worker-2", "bye") == ""
+    assert exits["worker-3"].exit_code == -signal.SIGKILL
+    assert exits["worker-3"].reason == ExitReason.KILLED
+    assert not alive(int(_said(engine, "worker-3", "pid ")))
+
+
+def test_a_killed_actor_is_told_apart_and_takes_its_role_with_it(engine):
+    engine.start(_spec(4, 120))
+    pid = int(wait_for(lambda: _said(engine, "worker-4", "pid "), WAIT_S, "worker-4 up"))
+    ray.kill(ray.get_actor("worker-4-0", namespace="elastic-keras-rayengine"))
+    exit_ = _exits(engine, 1)["worker-4"]
+    assert exit_.reason == ExitReason.ACTOR_LOST and exit_.exit_code == -signal.SIGKILL
+    assert exit_.describe().startswith("lost its Ray actor")
+    wait_for(lambda: not alive(pid), 10, "the role to die with its actor")
+    # The next launch of the role is a new actor.
+    engine.start(_spec(4, 0, 0))
+    assert _exits(engine, 1)["worker-4"].exit_code == 0
+
+
+def test_a_role_no_node_can_place_is_unschedulable(engine):
+    engine.start(_spec(0, 0, 0, role_type=RoleType.PS))
+    exit_ = _exits(engine, 1)["ps-0"]
+    assert exit_.reason == ExitReason.UNSCHEDULABLE
+    assert "'num_cpus': 512" in exit_.detail
+
+
+def test_a_serving_role_advertises_its_node(engine):
+    free = ClusterOptions()
+    assert actor_options(free, RoleType.PS) == {"num_cpus": 0}
+    # The engine's PS cannot be placed (see the fixture); a worker spec with the PS flag can.
+    spec = _spec(5, 0, 0)
+    engine.start(RoleSpec(spec.role, spec.module, spec.args, advertise_flag="--advertise-host"))
+    _exits(engine, 1)
+    assert _said(engine, "worker-5", "--advertise-host=") == "127.0.0.1"
+
+
+def test_resource_flags_map_to_ray_placement():
+    options = ClusterOptions(worker_resource_request="cpu=2,memory=1Gi,gpu=1")
+    assert actor_options(options, RoleType.WORKER) == {
+        "num_cpus": 2.0, "memory": 2**30, "num_gpus": 1.0}
+    with pytest.raises(ConfigError, match="no limits.*--worker-resource-limit cpu=2"):
+        actor_options(ClusterOptions(worker_resource_limit="cpu=2"), RoleType.WORKER)
+    with pytest.raises(ConfigError, match="Received: ephemeral-storage=1Gi"):
+        actor_options(ClusterOptions(ps_resource_request="ephemeral-storage=1Gi"), RoleType.PS)
+
+
+KILLED_MASTER = """
+import sys, time
+from elastic_keras.master.instance_manager import RoleId, RoleSpec, RoleType
+from elastic_keras.master.instance_manager.ray_actors import RayEngineConfig, RayInstanceManager
+engine = RayInstanceManager(RayEngineConfig("rayorphan", log_dir=sys.argv[1]),
+                            on_line=lambda role, line: print(line, flush=True))
+engine.start(RoleSpec(RoleId(RoleType.WORKER, 0), "tests.engines.sleepy_role", ("300", "0")))
+time.sleep(600)
+"""
+
+
+def test_nothing_outlives_a_killed_master(tmp_path):
+    """Ray's agents outlive a killed head and ignore SIGTERM; the cluster's keeper kills them."""
+    script = tmp_path / "master.py"
+    script.write_text(textwrap.dedent(KILLED_MASTER))
+    env = {**os.environ, "EK_TEST_ORPHAN": str(tmp_path)}
+    master = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        for line in master.stdout:
+            if line.startswith("pid "):
+                role = int(line.split()[1])
+                break
+        else:
+            pytest.fail(f"the role never started; see {tmp_path / 'ray.log'}")
+        marked = lambda: marked_processes("EK_TEST_ORPHAN", str(tmp_path))  # noqa: E731
+        assert len(marked()) > 3  # the master, the keeper, the head, its agents, the actor...
+        master.kill()
+        master.wait()
+        wait_for(lambda: not marked() and not alive(role), WAIT_S,
+                 "every process of the job's cluster to end", left=marked)
+    finally:
+        if master.poll() is None:
+            master.kill()
+
+
+def test_a_ray_address_where_no_head_answers_is_a_clear_error():
+    with socket.socket() as taken:  # bound, never listening: nothing answers there
+        taken.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ConfigError, match=f"--ray-address {address}: no Ray head answers"):
+            RayInstanceManager(RayEngineConfig(options=ClusterOptions(ray_address=address)))
