@@ -171,6 +171,7 @@ class JobConfig:
 
     def __post_init__(self):
         check_fields(self)
+        self.cluster.check_engine(self.engine)
         _check_tls(self)
         _requires(self, "checkpoint_steps", "checkpoint_dir")
         _requires(self, "evaluation_steps", "validation_data")

@@ -20,6 +20,10 @@ from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, check_fields, flag
 
 RESOURCE_NAMES = ("cpu", "memory", "gpu", "ephemeral-storage")
+# The engines that read each flag; every other flag is read by Kubernetes alone.
+_BOTH = ("kubernetes", "ray")
+_ENGINES_OF = {"ray_address": ("ray",), "ps_resource_request": _BOTH,
+               "worker_resource_request": _BOTH, "env": _BOTH, "pending_timeout": _BOTH}
 _SUFFIXES = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20,
              "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
@@ -100,6 +104,23 @@ class ClusterOptions:
             for kind in ("request", "limit"):
                 field = f"{name}_resource_{kind}"
                 resources(getattr(self, field), "--" + field.replace("_", "-"))
+
+    def check_engine(self, engine):
+        """Every flag given here applies to `engine` (a flag another engine reads would be
+        silently ignored).
+
+        Raises:
+            ConfigError: one does not.
+        """
+        defaults = ClusterOptions()
+        for field in dataclasses.fields(self):
+            engines = _ENGINES_OF.get(field.name, ("kubernetes",))
+            if engine not in engines and getattr(self, field.name) != getattr(defaults,
+                                                                            field.name):
+                name = "--" + field.name.replace("_", "-")
+                raise ConfigError(
+                    f"{name} applies to --engine {' and '.join(engines)} only. Received: "
+                    f"{name} {getattr(self, field.name)!r} with --engine {engine}")
 
     def role_resources(self, role, kind="request"):
         """`{name: quantity text}` that `role` ("master", "ps", "worker") asks for."""

@@ -35,6 +35,7 @@ from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.private_data import read_private
+from elastic_keras.common.signals import set_from_handler
 from elastic_keras.ps.checkpoint import load_shards
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
@@ -158,7 +159,8 @@ def _stop_on_signals(stop):
         yield
         return
     previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+        sig: signal.signal(sig, lambda *_: set_from_handler(stop))
+        for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
         yield

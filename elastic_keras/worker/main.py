@@ -25,6 +25,7 @@ from elastic_keras.common.log import setup_logging
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.common.private_data import read_private
+from elastic_keras.common.signals import set_from_handler
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.worker import strategies
 from elastic_keras.worker.task_loop import TaskLoop
@@ -117,7 +118,7 @@ def _leave_on_sigterm(stop):
 
     def on_sigterm(*_):
         if not stop.is_set():
-            stop.set()
+            set_from_handler(stop)
             deadline = threading.Timer(LEAVE_GRACE_S, force_exit)
             deadline.daemon = True
             deadline.start()

@@ -25,3 +25,18 @@ def marked_processes(name, value):
         except OSError:
             continue
     return [pid for pid in found if int(pid) != os.getpid() and alive(pid)]
+
+
+def describe(pids):
+    """`pid (parent) command` of each of `pids`, for a failure message."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            found.append(f"{pid} ({parent}) {command}")
+        except OSError:
+            continue
+    return found

@@ -18,8 +18,9 @@ from elastic_keras.master.instance_manager import ExitReason, RoleId, RoleSpec, 
 from elastic_keras.master.instance_manager.ray_actors import (
     RayEngineConfig, RayInstanceManager, actor_options,
 )
+from elastic_keras.master.instance_manager.ray_cluster import check_host_reaches_nodes
 from tests.e2e.conftest import wait_for
-from tests.engines.process_marks import alive, marked_processes
+from tests.engines.process_marks import alive, describe, marked_processes
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(300)
@@ -122,8 +123,10 @@ def test_resource_flags_map_to_ray_placement():
     options = ClusterOptions(worker_resource_request="cpu=2,memory=1Gi,gpu=1")
     assert actor_options(options, RoleType.WORKER) == {
         "num_cpus": 2.0, "memory": 2**30, "num_gpus": 1.0}
-    with pytest.raises(ConfigError, match="no limits.*--worker-resource-limit cpu=2"):
-        actor_options(ClusterOptions(worker_resource_limit="cpu=2"), RoleType.WORKER)
+    with pytest.raises(ConfigError, match="--worker-resource-limit applies to --engine "
+                       "kubernetes only. Received: --worker-resource-limit 'cpu=2' with "
+                       "--engine ray"):
+        ClusterOptions(worker_resource_limit="cpu=2").check_engine("ray")
     with pytest.raises(ConfigError, match="Received: ephemeral-storage=1Gi"):
         actor_options(ClusterOptions(ps_resource_request="ephemeral-storage=1Gi"), RoleType.PS)
 
@@ -158,7 +161,7 @@ def test_nothing_outlives_a_killed_master(tmp_path):
         master.kill()
         master.wait()
         wait_for(lambda: not marked() and not alive(role), WAIT_S,
-                 "every process of the job's cluster to end", left=marked)
+                 "every process of the job's cluster to end", left=lambda: describe(marked()))
     finally:
         if master.poll() is None:
             master.kill()
@@ -170,3 +173,16 @@ def test_a_ray_address_where_no_head_answers_is_a_clear_error():
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(ConfigError, match=f"--ray-address {address}: no Ray head answers"):
             RayInstanceManager(RayEngineConfig(options=ClusterOptions(ray_address=address)))
+
+
+def test_a_loopback_host_is_refused_when_the_cluster_has_other_machines():
+    """The check on `ray.nodes()`'s list (one machine here cannot hold a multi-node cluster)."""
+    nodes = [{"Alive": True, "NodeManagerAddress": "192.0.2.2"},
+             {"Alive": True, "NodeManagerAddress": "127.0.0.2"},
+             {"Alive": False, "NodeManagerAddress": "10.1.1.2"}]
+    check_host_reaches_nodes("127.0.0.1", nodes, "192.0.2.2")  # all on this machine
+    nodes.append({"Alive": True, "NodeManagerAddress": "10.1.1.1"})
+    check_host_reaches_nodes("0.0.0.0", nodes, "192.0.2.2")
+    with pytest.raises(ConfigError, match=r"nodes elsewhere \(10.1.1.1\): give --host 0.0.0.0 "
+                       "--tls auto. Received: --host 127.0.0.1"):
+        check_host_reaches_nodes("127.0.0.1", nodes, "192.0.2.2")

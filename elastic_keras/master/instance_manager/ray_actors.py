@@ -36,7 +36,9 @@ from elastic_keras.master.instance_manager.api import (
     ExitReason, InstanceManager, RoleExit, RoleType,
 )
 from elastic_keras.master.instance_manager.local import CHILD_BOOTSTRAP
-from elastic_keras.master.instance_manager.ray_cluster import connect
+from elastic_keras.master.instance_manager.ray_cluster import (
+    check_host_reaches_nodes, connect,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,32 +56,29 @@ class RayEngineConfig:
         options: the job's `ClusterOptions` (--ray-address, resources, env, ...).
         log_dir: where role logs go, or "" for none.
         workdir: the roles' working directory, on the nodes where it exists.
+        host: the job's `--host`, which every role binds.
     """
 
     job_name: str = "job"
     options: ClusterOptions = ClusterOptions()
     log_dir: str = ""
     workdir: str = ""
+    host: str = "127.0.0.1"
 
     @classmethod
     def from_job(cls, job):
         return cls(job.job_name, job.cluster,
-                   os.path.join(job.output, "logs") if job.output else "", os.getcwd())
+                   os.path.join(job.output, "logs") if job.output else "", os.getcwd(),
+                   job.host)
 
 
 def actor_options(options, role_type):
     """Ray's placement options for a role of `role_type`, from its resource requests.
 
     Raises:
-        ConfigError: a resource limit (Ray places by requests only) or a resource Ray does
-            not schedule.
+        ConfigError: a resource Ray does not schedule.
     """
     role = role_type.value
-    limit = options.role_resources(role, "limit")
-    if limit:
-        raise ConfigError(f"Ray places roles by their requests and has no limits: use "
-                          f"--{role}-resource-request. Received: --{role}-resource-limit "
-                          f"{getattr(options, f'{role}_resource_limit')}")
     flag = f"--{role}-resource-request"
     placed = {"num_cpus": 0}
     for name, value in options.role_resources(role).items():
@@ -176,6 +175,12 @@ class RayInstanceManager(InstanceManager):
         self._on_line = on_line or (lambda name, line: None)
         self._ray, self._cluster = connect(config.options.ray_address,
                                            f"elastic-keras-{config.job_name}", config.log_dir)
+        try:
+            check_host_reaches_nodes(config.host, self._ray.nodes(),
+                                     self._ray.util.get_node_ip_address())
+        except ConfigError:
+            self._ray.shutdown()
+            raise
         self._actor_type = self._ray.remote(max_restarts=0, max_task_retries=0)(RoleActor)
         self._launches = collections.Counter()
         self._current = {}

@@ -19,10 +19,10 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 from elastic_keras.common.errors import ConfigError
+from elastic_keras.common.tls import is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,25 @@ def connect(address, namespace, log_dir=""):
     return ray, cluster
 
 
+def check_host_reaches_nodes(host, nodes, here):
+    """Roles bound to a loopback `--host` reach each other on one machine only: every live
+    node (`nodes`, as `ray.nodes()` lists them) must be this one (its address `here`).
+
+    Raises:
+        ConfigError: a node is another machine while `host` is a loopback address.
+    """
+    if not is_loopback(host):
+        return
+    others = sorted({node["NodeManagerAddress"] for node in nodes if node.get("Alive")
+                     and node["NodeManagerAddress"] != here
+                     and not is_loopback(node["NodeManagerAddress"])})
+    if others:
+        raise ConfigError(
+            f"--host {host} is reachable from this machine alone, but the Ray cluster has "
+            f"nodes elsewhere ({', '.join(others)}): give --host 0.0.0.0 --tls auto. "
+            f"Received: --host {host}")
+
+
 def _loopback_only():
     """Keeps this driver on 127.0.0.1 for the job's local cluster: Ray reads
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it is imported, and otherwise resolves 127.0.0.1
@@ -190,16 +209,18 @@ def _keep(parent, port, num_cpus):
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # A plain list, not an Event: setting an Event from a signal handler deadlocks when the
+    # signal lands while this thread holds the Event's lock.
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     if os.getppid() != parent:
         return 1
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
          f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
          f"--num-cpus={num_cpus}", "--disable-usage-stats"], stdin=subprocess.DEVNULL)
-    while not stop.wait(0.5) and head.poll() is None:
-        pass
+    while not stopping and head.poll() is None:
+        time.sleep(0.5)
     if head.poll() is None:
         head.send_signal(signal.SIGTERM)
         try:
