@@ -92,7 +92,9 @@ def test_stop_asks_first_and_kill_does_not(engine):
 def test_a_killed_actor_is_told_apart_and_takes_its_role_with_it(engine):
     engine.start(_spec(4, 120))
     pid = int(wait_for(lambda: _said(engine, "worker-4", "pid "), WAIT_S, "worker-4 up"))
-    ray.kill(ray.get_actor("worker-4-0", namespace="elastic-keras-rayengine"))
+    actor = ray.get_actor("worker-4-0", namespace="elastic-keras-rayengine")
+    assert actor._ray_actor_creation_function_descriptor.class_name == "WorkerActor"
+    ray.kill(actor)
     exit_ = _exits(engine, 1)["worker-4"]
     assert exit_.reason == ExitReason.ACTOR_LOST and exit_.exit_code == -signal.SIGKILL
     assert exit_.describe().startswith("lost its Ray actor")

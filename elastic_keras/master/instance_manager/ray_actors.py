@@ -1,9 +1,9 @@
 """Roles as Ray actors: `--engine ray`.
 
-Each launch of a role is an actor named `<role>-<launch>` in the Ray namespace
-`elastic-keras-<job>`, placed by Ray with the resources `--ps-resource-request` and
-`--worker-resource-request` ask for (none by default, so a role never waits for a CPU Ray
-counts as taken). The actor runs the role as its child process, as the local engine does,
+Each launch of a role is an actor (a `PSActor` or a `WorkerActor`) named `<role>-<launch>` in
+the Ray namespace `elastic-keras-<job>`, placed by Ray with the resources
+`--ps-resource-request` and `--worker-resource-request` ask for (none by default, so a role
+never waits for a CPU Ray counts as taken). The actor runs the role as its child process, as the local engine does,
 and the child asks for SIGKILL when the actor dies. Ray restarts no actor and retries no
 call: relaunching is the master's decision. Private data reaches the child through its
 environment (`env:NAME` sources, see `common.private_data`), never a file or a command line.
@@ -142,6 +142,14 @@ class RoleActor:
             self._proc.send_signal(signum)
 
 
+class PSActor(RoleActor):
+    """A parameter server's launch (the class name is what Ray's tools show)."""
+
+
+class WorkerActor(RoleActor):
+    """A worker's launch."""
+
+
 @dataclasses.dataclass
 class _Launch:
     spec: object
@@ -181,7 +189,8 @@ class RayInstanceManager(InstanceManager):
         except ConfigError:
             self._ray.shutdown()
             raise
-        self._actor_type = self._ray.remote(max_restarts=0, max_task_retries=0)(RoleActor)
+        remote = self._ray.remote(max_restarts=0, max_task_retries=0)
+        self._actor_types = {RoleType.PS: remote(PSActor), RoleType.WORKER: remote(WorkerActor)}
         self._launches = collections.Counter()
         self._current = {}
         self._exits = []
@@ -202,7 +211,7 @@ class RayInstanceManager(InstanceManager):
             self._launches[spec.name] += 1
         name = f"{spec.name}-{launch}"
         try:
-            actor = self._actor_type.options(
+            actor = self._actor_types[spec.role.type].options(
                 name=name, **self._placement[spec.role.type]).remote()
         except ValueError as exc:  # the name is taken in this namespace
             raise RuntimeError(f"Cannot create Ray actor {name}: {exc}") from exc
