@@ -104,6 +104,8 @@ class ClusterOptions:
             for kind in ("request", "limit"):
                 field = f"{name}_resource_{kind}"
                 resources(getattr(self, field), "--" + field.replace("_", "-"))
+        for field in ("env", "node_selector", "pod_labels", "pod_annotations"):
+            parse_pairs(getattr(self, field), "--" + field.replace("_", "-"))
 
     def check_engine(self, engine):
         """Every flag given here applies to `engine` (a flag another engine reads would be

@@ -94,9 +94,32 @@ def test_bad_pod_flags_are_named(flags, message):
         manifests(_job(*flags))
 
 
-def test_bad_resources_are_refused_when_the_flags_are_read():
-    with pytest.raises(ConfigError, match="--ps-resource-limit: resources must be among"):
-        ClusterOptions(ps_resource_limit="cpus=2")
+@pytest.mark.parametrize("options, message", [
+    ({"ps_resource_limit": "cpus=2"}, "--ps-resource-limit: resources must be among"),
+    ({"env": "A"}, "--env must be key=value pairs separated by ','. Received: 'A'"),
+    ({"pod_labels": "a=1,a=2"}, "--pod-labels names 'a' twice"),
+])
+def test_bad_pod_flags_are_refused_when_the_flags_are_read(options, message):
+    with pytest.raises(ConfigError, match=message):
+        ClusterOptions(**options)
+
+
+@pytest.mark.parametrize("engine, options, message", [
+    ("local", {"image": "x:1"}, "--image applies to --engine kubernetes only. Received: "
+     "--image 'x:1' with --engine local"),
+    ("local", {"env": "A=1"}, "--env applies to --engine kubernetes and ray only"),
+    ("kubernetes", {"ray_address": "auto"}, "--ray-address applies to --engine ray only"),
+    ("ray", {"namespace": "ml"}, "--namespace applies to --engine kubernetes only"),
+])
+def test_flags_of_another_engine_are_refused(engine, options, message):
+    with pytest.raises(ConfigError, match=message):
+        ClusterOptions(**options).check_engine(engine)
+
+
+def test_flags_of_the_engine_pass():
+    ClusterOptions(image="x:1", env="A=1", pending_timeout=5).check_engine("kubernetes")
+    ClusterOptions(ray_address="auto", worker_resource_request="cpu=1").check_engine("ray")
+    ClusterOptions().check_engine("local")
 
 
 def test_the_overlay_merges_maps_and_named_lists_and_replaces_other_lists():

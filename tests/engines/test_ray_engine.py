@@ -16,9 +16,11 @@ from elastic_keras.common.engine_options import ClusterOptions
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.master.instance_manager import ExitReason, RoleId, RoleSpec, RoleType
 from elastic_keras.master.instance_manager.ray_actors import (
-    RayEngineConfig, RayInstanceManager, actor_options,
+    RayEngineConfig, RayInstanceManager, WorkerActor, actor_options,
 )
-from elastic_keras.master.instance_manager.ray_cluster import check_host_reaches_nodes
+from elastic_keras.master.instance_manager.ray_cluster import (
+    LocalRayCluster, check_host_reaches_nodes,
+)
 from tests.e2e.conftest import wait_for
 from tests.engines.process_marks import alive, describe, marked_processes
 
@@ -102,6 +104,18 @@ def test_a_killed_actor_is_told_apart_and_takes_its_role_with_it(engine):
     # The next launch of the role is a new actor.
     engine.start(_spec(4, 0, 0))
     assert _exits(engine, 1)["worker-4"].exit_code == 0
+
+
+def test_a_taken_actor_name_moves_the_launch_on(engine, caplog):
+    """As when an earlier run of the job, on a cluster that outlives it, still holds one."""
+    squatter = ray.remote(WorkerActor).options(name="worker-6-0").remote()
+    try:
+        with caplog.at_level("INFO", logger="elastic_keras.master.instance_manager.ray_actors"):
+            engine.start(_spec(6, 0, 0))
+        assert _exits(engine, 1)["worker-6"].exit_code == 0
+        assert "Created Ray actor worker-6-1 for worker-6" in caplog.text
+    finally:
+        ray.kill(squatter)
 
 
 def test_a_role_no_node_can_place_is_unschedulable(engine):
@@ -188,3 +202,10 @@ def test_a_loopback_host_is_refused_when_the_cluster_has_other_machines():
     with pytest.raises(ConfigError, match=r"nodes elsewhere \(10.1.1.1\): give --host 0.0.0.0 "
                        "--tls auto. Received: --host 127.0.0.1"):
         check_host_reaches_nodes("127.0.0.1", nodes, "192.0.2.2")
+
+
+def test_a_local_cluster_that_cannot_start_is_a_clear_error(tmp_path):
+    cluster = LocalRayCluster(num_cpus=-1, log_path=str(tmp_path / "ray.log"))
+    with pytest.raises(ConfigError, match="local Ray cluster did not start .* its head exited"):
+        cluster.wait_ready()
+    assert "CPU" in (tmp_path / "ray.log").read_text()  # Ray's own complaint, for the user

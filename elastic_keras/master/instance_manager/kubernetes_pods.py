@@ -21,10 +21,11 @@ import threading
 import time
 
 from elastic_keras.common.engine_options import ClusterOptions
-from elastic_keras.master.instance_manager.api import ExitReason, InstanceManager, RoleExit
+from elastic_keras.master.instance_manager.api import ExitReason, RoleExit
 from elastic_keras.master.instance_manager.kube_client import api_exception, core_api
 from elastic_keras.master.instance_manager.pod_logs import follow_log
 from elastic_keras.master.instance_manager.pod_manifests import LABEL_JOB, PodMaker
+from elastic_keras.master.instance_manager.watched import WatchedInstanceManager
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class _Launch:
     ended: "RoleExit | None" = None
 
 
-class KubernetesInstanceManager(InstanceManager):
+class KubernetesInstanceManager(WatchedInstanceManager):
     """Runs each role as a pod in `config.options.namespace`.
 
     Args:
@@ -84,6 +85,7 @@ class KubernetesInstanceManager(InstanceManager):
     config_type = KubernetesEngineConfig
 
     def __init__(self, config=None, on_line=None):
+        super().__init__()
         config = config or KubernetesEngineConfig()
         self._config = config
         self._maker = PodMaker(config.job_name, config.options)
@@ -91,11 +93,7 @@ class KubernetesInstanceManager(InstanceManager):
         self._api = core_api(config.options.kubeconfig)
         self._on_line = on_line or (lambda name, line: None)
         self._launches = collections.Counter()  # role name -> launches so far
-        self._current = {}                      # role name -> its `_Launch`
         self._by_pod = {}                       # pod name -> `_Launch`, ended ones too
-        self._exits = []
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
         self._watcher = None
 
@@ -148,23 +146,13 @@ class KubernetesInstanceManager(InstanceManager):
 
     def poll(self):
         self._check_pending()
-        with self._lock:
-            exits, self._exits = self._exits, []
-        return exits
-
-    def running(self):
-        with self._lock:
-            return [launch.spec for launch in self._current.values()]
+        return super().poll()
 
     def stop(self, role, grace_s):
         self._delete_current([role.name], grace_s)
 
     def kill(self, role):
-        with self._lock:
-            launch = self._current.get(role.name)
-            if launch:
-                launch.stopping = True
-        if launch:
+        for launch in self._claim([role.name]):
             self._delete_pod(launch.pod, 0)
 
     def stop_all(self, grace_s):
@@ -184,17 +172,11 @@ class KubernetesInstanceManager(InstanceManager):
     def _delete_current(self, names, grace_s):
         """Deletes the pods of roles `names` with `grace_s` seconds to stop, and waits
         until each is seen ended (its exit recorded as seen, or as killed)."""
-        with self._lock:
-            launches = [self._current[n] for n in names if n in self._current]
-            for launch in launches:
-                launch.stopping = True
+        launches = self._claim(names)
         for launch in launches:
             self._delete_pod(launch.pod, grace_s)
-        deadline = time.monotonic() + grace_s + STOP_WAIT_S
-        with self._changed:
-            self._changed.wait_for(lambda: all(l.ended for l in launches)
-                                   or time.monotonic() > deadline,
-                                   timeout=max(0.0, deadline - time.monotonic()))
+        self._wait_ended(launches, grace_s + STOP_WAIT_S)
+        with self._lock:
             for launch in launches:
                 if launch.ended is None:  # never seen gone: taken as killed
                     self._end(launch, RoleExit(launch.spec, -signal.SIGKILL))
@@ -306,13 +288,10 @@ class KubernetesInstanceManager(InstanceManager):
             self._end(launch, ended)
 
     def _end(self, launch, ended):
-        """Records that `launch` ended (the lock held)."""
-        launch.ended = ended
-        if self._current.get(launch.spec.name) is launch:
-            del self._current[launch.spec.name]
-        self._exits.append(ended)
-        self._changed.notify_all()
-        threading.Thread(target=self._delete_secret, args=(launch.pod,), daemon=True).start()
+        """Records that `launch` ended (the lock held), and deletes its Secret."""
+        if super()._end(launch, ended):
+            threading.Thread(target=self._delete_secret, args=(launch.pod,),
+                             daemon=True).start()
 
 
 def _exit_of(spec, pod):

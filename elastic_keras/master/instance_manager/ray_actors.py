@@ -32,19 +32,19 @@ import time
 from elastic_keras.common.engine_options import ClusterOptions, parse_pairs, quantity
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.private_data import encode_for_env, env_source
-from elastic_keras.master.instance_manager.api import (
-    ExitReason, InstanceManager, RoleExit, RoleType,
-)
+from elastic_keras.master.instance_manager.api import ExitReason, RoleExit, RoleType
 from elastic_keras.master.instance_manager.local import CHILD_BOOTSTRAP
 from elastic_keras.master.instance_manager.ray_cluster import (
     check_host_reaches_nodes, connect,
 )
+from elastic_keras.master.instance_manager.watched import WatchedInstanceManager
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.25        # how often every actor is asked for its role's output and exit
 MAX_LINES = 2000     # output lines one poll brings back at most
 STOP_WAIT_S = 30.0   # after a stop's grace, how long its role gets to be seen gone
+NAME_TRIES = 100     # launch numbers tried for a free actor name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +161,7 @@ class _Launch:
     ended: "RoleExit | None" = None
 
 
-class RayInstanceManager(InstanceManager):
+class RayInstanceManager(WatchedInstanceManager):
     """Runs each role as a Ray actor.
 
     Args:
@@ -176,6 +176,7 @@ class RayInstanceManager(InstanceManager):
     config_type = RayEngineConfig
 
     def __init__(self, config=None, on_line=None):
+        super().__init__()
         config = config or RayEngineConfig()
         self._config = config
         self._placement = {t: actor_options(config.options, t) for t in RoleType}
@@ -188,15 +189,13 @@ class RayInstanceManager(InstanceManager):
                                      self._ray.util.get_node_ip_address())
         except ConfigError:
             self._ray.shutdown()
+            if self._cluster is not None:
+                self._cluster.stop()
             raise
         remote = self._ray.remote(max_restarts=0, max_task_retries=0)
         self._actor_types = {RoleType.PS: remote(PSActor), RoleType.WORKER: remote(WorkerActor)}
         self._launches = collections.Counter()
-        self._current = {}
-        self._exits = []
         self._logs = {}
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="ray-watch", daemon=True)
         self._watcher.start()
@@ -207,38 +206,35 @@ class RayInstanceManager(InstanceManager):
         with self._lock:
             if spec.name in self._current:
                 raise ValueError(f"Role {spec.name} is already running.")
-            launch = self._launches[spec.name]
-            self._launches[spec.name] += 1
-        name = f"{spec.name}-{launch}"
-        try:
-            actor = self._actor_types[spec.role.type].options(
-                name=name, **self._placement[spec.role.type]).remote()
-        except ValueError as exc:  # the name is taken in this namespace
-            raise RuntimeError(f"Cannot create Ray actor {name}: {exc}") from exc
+        actor, name = self._create(spec)
         started = actor.start.remote(spec.module, spec.args, spec.files, spec.advertise_flag,
                                      self._env, self._config.workdir)
         with self._lock:
             self._current[spec.name] = _Launch(spec, actor, time.monotonic(), started)
         logger.info("Created Ray actor %s for %s", name, spec.name)
 
-    def poll(self):
-        with self._lock:
-            exits, self._exits = self._exits, []
-        return exits
-
-    def running(self):
-        with self._lock:
-            return [launch.spec for launch in self._current.values()]
+    def _create(self, spec):
+        """(a new actor for `spec`, its name): the next launch number whose name is free (an
+        earlier run of the job, on a cluster that outlives it, may still hold some)."""
+        options = self._placement[spec.role.type]
+        for _ in range(NAME_TRIES):
+            with self._lock:
+                launch = self._launches[spec.name]
+                self._launches[spec.name] += 1
+            name = f"{spec.name}-{launch}"
+            try:
+                return self._actor_types[spec.role.type].options(
+                    name=name, **options).remote(), name
+            except ValueError as exc:  # the name is taken in this namespace
+                taken = exc
+        raise RuntimeError(f"Cannot create a Ray actor for {spec.name}: {NAME_TRIES} names "
+                           f"in a row were taken, the last {name}: {taken}")
 
     def stop(self, role, grace_s):
         self._stop([role.name], grace_s)
 
     def kill(self, role):
-        with self._lock:
-            launch = self._current.get(role.name)
-            if launch:
-                launch.stopping = True
-        if launch:
+        for launch in self._claim([role.name]):
             self._signal(launch, signal.SIGKILL)
 
     def stop_all(self, grace_s):
@@ -257,18 +253,12 @@ class RayInstanceManager(InstanceManager):
     def _stop(self, names, grace_s):
         """SIGTERM to the roles `names`, SIGKILL after `grace_s`; returns once each is seen
         ended (its actor killed, and the role taken as killed, if it is never seen)."""
-        with self._lock:
-            launches = [self._current[n] for n in names if n in self._current]
-            for launch in launches:
-                launch.stopping = True
+        launches = self._claim(names)
         for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, STOP_WAIT_S)):
             for launch in launches:
                 self._signal(launch, signum)
-            deadline = time.monotonic() + wait_s
-            with self._changed:
-                if self._changed.wait_for(lambda: all(l.ended for l in launches),
-                                          timeout=max(0.0, deadline - time.monotonic())):
-                    return
+            if self._wait_ended(launches, wait_s):
+                return
         with self._lock:
             unseen = [launch for launch in launches if launch.ended is None]
             for launch in unseen:
@@ -355,6 +345,8 @@ class RayInstanceManager(InstanceManager):
                 ended = RoleExit(launch.spec, 1, None, detail)
                 logger.error("%s could not start in its Ray actor: %s", launch.spec.name, exc)
             self._end(launch, ended)
+        if not actor_died:
+            self._ray.kill(launch.actor)
 
     def _line(self, name, line):
         if self._config.log_dir:
@@ -365,13 +357,3 @@ class RayInstanceManager(InstanceManager):
             self._logs[name].write(line + "\n")
             self._logs[name].flush()
         self._on_line(name, line)
-
-    def _end(self, launch, ended):
-        """Records that `launch` ended (the lock held)."""
-        if launch.ended is not None:
-            return
-        launch.ended = ended
-        if self._current.get(launch.spec.name) is launch:
-            del self._current[launch.spec.name]
-        self._exits.append(ended)
-        self._changed.notify_all()

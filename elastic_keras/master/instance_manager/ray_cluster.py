@@ -8,17 +8,20 @@ Ray's agents, which outlive a killed head and ignore SIGTERM, are its children t
 master stops the cluster, or dies, the keeper stops the head and then SIGKILLs whatever is
 left under it: no Ray process outlives the job. The cluster binds 127.0.0.1 only.
 
-`python -m elastic_keras.master.instance_manager.ray_cluster PARENT_PID PORT NUM_CPUS` runs
-the keeper.
+`python -m elastic_keras.master.instance_manager.ray_cluster PARENT_PID PORT NUM_CPUS READY`
+runs the keeper; it creates the file READY once the head is up.
 """
 
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 from elastic_keras.common.errors import ConfigError
@@ -26,6 +29,7 @@ from elastic_keras.common.tls import is_loopback
 
 logger = logging.getLogger(__name__)
 
+READY_LINE = b"Ray runtime started"  # what `ray start` prints once the head is up
 HEAD_STOP_S = 10.0      # the head's own shutdown gets this long before the keeper kills
 START_TIMEOUT_S = 120.0
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
@@ -42,38 +46,36 @@ class LocalRayCluster:
     """
 
     def __init__(self, num_cpus=None, log_path=os.devnull):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = _free_port()
         self.address = f"127.0.0.1:{port}"
         self.log_path = log_path
+        self._ready_dir = tempfile.mkdtemp(prefix="elastic-keras-ray-")
+        self._ready = os.path.join(self._ready_dir, "ready")
         with open(log_path, "ab") as log:
             self._keeper = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(os.getpid()), str(port),
-                 str(num_cpus or os.cpu_count() or 1)],
+                 str(num_cpus if num_cpus is not None else os.cpu_count() or 1), self._ready],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **RAY_ENV}, start_new_session=True,
             )
 
     def wait_ready(self, timeout_s=START_TIMEOUT_S):
-        """Returns once the head answers on its port.
+        """Returns once the head says every process of it runs.
 
         Raises:
-            ConfigError: the head exited or did not answer within `timeout_s`.
+            ConfigError: the head exited or was not up within `timeout_s`.
         """
-        host, port = self.address.rsplit(":", 1)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._keeper.poll() is not None:
-                break
-            try:
-                socket.create_connection((host, int(port)), timeout=1).close()
+        while time.monotonic() < deadline and self._keeper.poll() is None:
+            if os.path.exists(self._ready):
                 return
-            except OSError:
-                time.sleep(0.2)
+            time.sleep(0.1)
+        exited = self._keeper.poll()
         self.stop()
-        raise ConfigError(f"The job's local Ray cluster did not start (see {self.log_path}). "
-                          f"Received: no answer at {self.address} after {timeout_s:.0f} s")
+        raise ConfigError(
+            f"The job's local Ray cluster did not start (see {self.log_path}). Received: " + (
+                f"its head exited (code {exited})" if exited is not None else
+                f"not up at {self.address} after {timeout_s:.0f} s"))
 
     def stop(self, timeout_s=HEAD_STOP_S + 20):
         """Stops the head and every process under it; returns when the keeper has exited."""
@@ -84,6 +86,7 @@ class LocalRayCluster:
         except subprocess.TimeoutExpired:
             self._keeper.kill()
             self._keeper.wait()
+        shutil.rmtree(self._ready_dir, ignore_errors=True)
 
 
 def connect(address, namespace, log_dir=""):
@@ -104,20 +107,22 @@ def connect(address, namespace, log_dir=""):
         raise ConfigError("--engine ray needs Ray: pip install 'elastic-keras[ray]'. "
                           "Received: no module named ray") from None
     cluster = None
-    if not given:
-        _loopback_only()
-        log = os.path.join(log_dir, "ray.log") if log_dir else os.devnull
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-        cluster = LocalRayCluster(log_path=log)
-        cluster.wait_ready()
-        address = cluster.address
     try:
+        if not given:
+            _loopback_only()
+            if log_dir:
+                os.makedirs(log_dir, exist_ok=True)
+            cluster = LocalRayCluster(log_path=os.path.join(log_dir, "ray.log") if log_dir
+                                      else os.devnull)
+            cluster.wait_ready()
+            address = cluster.address
         ray.init(address=address, namespace=namespace,
                  log_to_driver=False, logging_level=logging.WARNING)
-    except Exception as exc:
+    except BaseException as exc:  # Ctrl-C too: the cluster goes with the failed start
         if cluster is not None:
             cluster.stop()
+        if isinstance(exc, ConfigError) or not isinstance(exc, Exception):
+            raise
         raise ConfigError(f"Cannot connect to the Ray cluster at {address} ({exc}). "
                           f"Received: --ray-address {given!r}") from exc
     logger.info("Ray cluster at %s; the job's actors are in namespace %s", address, namespace)
@@ -169,6 +174,12 @@ def _check_reachable(address):
                           f"Received: --ray-address {address}") from None
 
 
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _descendants(pid):
     """Every live process under `pid`, children before their children."""
     found, queue = [], [pid]
@@ -205,7 +216,16 @@ def _reap_all():
         time.sleep(0.05)
 
 
-def _keep(parent, port, num_cpus):
+def _relay(stream, ready):
+    """Copies the head's output to this process's, and marks it ready once it says so."""
+    for raw in stream:
+        sys.stdout.buffer.write(raw)
+        sys.stdout.buffer.flush()
+        if READY_LINE in raw:
+            open(ready, "wb").close()
+
+
+def _keep(parent, port, num_cpus, ready):
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -218,9 +238,15 @@ def _keep(parent, port, num_cpus):
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
          f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-         f"--num-cpus={num_cpus}", "--disable-usage-stats"], stdin=subprocess.DEVNULL)
+         f"--num-cpus={num_cpus}", "--disable-usage-stats",
+         # Ports of their own, not Ray's fixed defaults: jobs on one machine run side by side.
+         "--min-worker-port=0", "--max-worker-port=0",
+         f"--dashboard-agent-listen-port={_free_port()}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threading.Thread(target=_relay, args=(head.stdout, ready), daemon=True).start()
     while not stopping and head.poll() is None:
         time.sleep(0.5)
+    failed = None if stopping else head.poll()  # the head ended by itself
     if head.poll() is None:
         head.send_signal(signal.SIGTERM)
         try:
@@ -228,8 +254,8 @@ def _keep(parent, port, num_cpus):
         except subprocess.TimeoutExpired:
             pass
     _reap_all()
-    return 0
+    return 0 if failed is None else (failed or 1)
 
 
 if __name__ == "__main__":
-    sys.exit(_keep(*(int(arg) for arg in sys.argv[1:4])))
+    sys.exit(_keep(*(int(arg) for arg in sys.argv[1:4]), sys.argv[4]))
