@@ -21,6 +21,7 @@ from elastic_keras.master.instance_manager.ray_actors import (
 from elastic_keras.master.instance_manager.ray_cluster import (
     LocalRayCluster, check_host_reaches_nodes,
 )
+from tests.conftest import ROOT
 from tests.e2e.conftest import wait_for
 from tests.engines.process_marks import alive, describe, marked_processes
 
@@ -32,10 +33,10 @@ WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """One engine (and its cluster) for the module: a PS asks for more CPUs than any node
-    has, so it is never placed."""
+    has, so it is never placed (10 s, long enough for a worker to start on a busy machine)."""
     logs = tmp_path_factory.mktemp("ray-logs")
     lines = []
-    options = ClusterOptions(ps_resource_request="cpu=512", pending_timeout=3,
+    options = ClusterOptions(ps_resource_request="cpu=512", pending_timeout=10,
                              env="EK_TEST_GREETING=hello")
     made = RayInstanceManager(RayEngineConfig("rayengine", options, str(logs), os.getcwd()),
                               on_line=lambda role, line: lines.append((role, line)))
@@ -66,12 +67,15 @@ def _said(engine, role, prefix):
 
 def test_exit_codes_output_and_private_data_come_back(engine):
     engine.start(_spec(0, 0, 0, files=(("--secret-file", b"s3cret"),)))
-    engine.start(_spec(1, 0, 7, args=("--greeting", "$EK_TEST_GREETING")))
+    engine.start(_spec(1, 0, 7, args=("--env", "EK_TEST_GREETING")))
     exits = _exits(engine, 2)
     assert (exits["worker-0"].exit_code, exits["worker-0"].reason) == (0, ExitReason.SUCCEEDED)
     assert (exits["worker-1"].exit_code, exits["worker-1"].reason) == (7, ExitReason.CRASHED)
     # Private data reaches the role through its environment, not its command line.
     assert _said(engine, "worker-0", "--secret-file=") == "s3cret"
+    assert "--secret-file env:" in _said(engine, "worker-0", "argv ")
+    assert "s3cret" not in _said(engine, "worker-0", "argv ")
+    assert _said(engine, "worker-1", "--env=") == "hello"  # --env reaches every role
     log = (engine.logs / "worker-0.log").read_text()
     assert "up" in log and "s3cret" in log
     assert engine.running() == []
@@ -122,7 +126,7 @@ def test_a_role_no_node_can_place_is_unschedulable(engine):
     engine.start(_spec(0, 0, 0, role_type=RoleType.PS))
     exit_ = _exits(engine, 1)["ps-0"]
     assert exit_.reason == ExitReason.UNSCHEDULABLE
-    assert "'num_cpus': 512" in exit_.detail
+    assert "not placed and started within 10 s (it asks for num_cpus=512" in exit_.detail
 
 
 def test_a_serving_role_advertises_its_node(engine):
@@ -209,3 +213,50 @@ def test_a_local_cluster_that_cannot_start_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="local Ray cluster did not start .* its head exited"):
         cluster.wait_ready()
     assert "CPU" in (tmp_path / "ray.log").read_text()  # Ray's own complaint, for the user
+
+
+CLUSTER_LOST = """
+import os, signal, sys, time
+from elastic_keras.master.instance_manager import RoleId, RoleSpec, RoleType
+from elastic_keras.master.instance_manager.ray_actors import RayEngineConfig, RayInstanceManager
+from tests.engines.process_marks import marked_processes
+engine = RayInstanceManager(RayEngineConfig("raylost", log_dir=sys.argv[1]))
+worker = RoleSpec(RoleId(RoleType.WORKER, 0), "tests.engines.sleepy_role", ("300", "0"))
+engine.start(worker)
+log = os.path.join(sys.argv[1], "worker-0.log")
+while not (os.path.exists(log) and "pid " in open(log).read()):
+    time.sleep(0.2)
+for pid in marked_processes("EK_TEST_LOST", sys.argv[1]):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"raylet/raylet" in f.read():
+            os.kill(pid, signal.SIGKILL)
+exits = []
+deadline = time.monotonic() + 60
+while not exits and time.monotonic() < deadline:
+    exits = engine.poll()
+    time.sleep(0.2)
+print("exit", *((exits[0].reason.value, exits[0].detail) if exits else ["none"]), flush=True)
+try:
+    engine.start(worker)
+except RuntimeError as exc:
+    print("start", exc, flush=True)
+engine.stop_all(1)
+print("stopped", flush=True)
+"""
+
+
+def test_a_cluster_that_stops_under_the_job_ends_its_roles_and_refuses_launches(tmp_path):
+    """Ray's head stops whole when one of its processes dies (here its raylet)."""
+    script = tmp_path / "master.py"
+    script.write_text(textwrap.dedent(CLUSTER_LOST))
+    env = {**os.environ, "EK_TEST_LOST": str(tmp_path),  # the script imports tests.engines
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=os.getcwd(),
+                          capture_output=True, text=True, timeout=180)
+    out = done.stdout
+    assert "exit actor_lost the job's Ray cluster stopped" in out, out + done.stderr[-3000:]
+    assert "start Cannot start worker-0: the job's Ray cluster stopped" in out
+    assert "stopped" in out
+    wait_for(lambda: not marked_processes("EK_TEST_LOST", str(tmp_path)), WAIT_S,
+             "every process of the stopped cluster to end",
+             left=lambda: describe(marked_processes("EK_TEST_LOST", str(tmp_path))))

@@ -34,6 +34,12 @@ def _log(path):
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def _found(pattern, log):
+    match = re.search(pattern, log)
+    assert match, f"the master's log has no line matching {pattern!r}: {log[-3000:]}"
+    return match.groups()
+
+
 def _kill_actor(address, namespace, actor):
     env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
     done = subprocess.run([sys.executable, "-c", KILL_ACTOR, address, namespace, actor],
@@ -59,10 +65,10 @@ def test_a_job_on_ray_survives_killed_actors_and_a_killed_worker(digits_records,
             wait_for(lambda: "Model built" in _log(logs / f"worker-{worker}.log"), 240,
                      f"worker-{worker} training")
         master_log = _log(tmp_path / "job.log")
-        address, namespace = re.search(r"Ray cluster at (\S+); the job's actors are in "
-                                       r"namespace (\S+)", master_log).groups()
+        address, namespace = _found(r"Ray cluster at (\S+); the job's actors are in "
+                                    r"namespace (\S+)", master_log)
         _kill_actor(address, namespace, "worker-0-0")
-        pid = int(re.search(r"worker-1 runs on 127\.0\.0\.1 \(pid (\d+)\)", master_log)[1])
+        pid = int(_found(r"worker-1 runs on 127\.0\.0\.1 \(pid (\d+)\)", master_log)[0])
         subprocess.run(["kill", "-9", str(pid)], check=True)
         runs = lambda role: _log(tmp_path / "job.log").count(f"{role} runs on")  # noqa: E731
         wait_for(lambda: runs("worker-0") >= 2 and runs("worker-1") >= 2, 240,

@@ -3,16 +3,16 @@
 Each launch of a role is an actor (a `PSActor` or a `WorkerActor`) named `<role>-<launch>` in
 the Ray namespace `elastic-keras-<job>`, placed by Ray with the resources
 `--ps-resource-request` and `--worker-resource-request` ask for (none by default, so a role
-never waits for a CPU Ray counts as taken). The actor runs the role as its child process, as the local engine does,
-and the child asks for SIGKILL when the actor dies. Ray restarts no actor and retries no
-call: relaunching is the master's decision. Private data reaches the child through its
+never waits for a CPU Ray counts as taken). The actor runs the role as its child process, as
+the local engine does, and the child asks for SIGKILL when the actor dies. Ray restarts no
+actor and retries no call: relaunching is the master's decision. Private data reaches the child through its
 environment (`env:NAME` sources, see `common.private_data`), never a file or a command line.
 A serving role advertises its node's address.
 
 One thread polls every running actor: the role's output comes back with each poll, into the
 master's console and `<output>/logs/<role>.log`. What ended a launch is told apart: the
-child's exit code or signal, its actor lost (`ray.kill`, its node died), or no node able to
-place it within `--pending-timeout`.
+child's exit code or signal, its actor lost (`ray.kill`, its node died, the job's own cluster
+stopped), or its actor not placed and started within `--pending-timeout`.
 
 Without `--ray-address` the engine starts a Ray cluster on this machine for the job
 (`ray_cluster`) and stops it with the job; with one, it connects to that cluster and leaves it
@@ -184,16 +184,20 @@ class RayInstanceManager(WatchedInstanceManager):
         self._on_line = on_line or (lambda name, line: None)
         self._ray, self._cluster = connect(config.options.ray_address,
                                            f"elastic-keras-{config.job_name}", config.log_dir)
+        remote = self._ray.remote(max_restarts=0, max_task_retries=0)
+        self._actor_types = {RoleType.PS: remote(PSActor), RoleType.WORKER: remote(WorkerActor)}
         try:
             check_host_reaches_nodes(config.host, self._ray.nodes(),
                                      self._ray.util.get_node_ip_address())
+            for role_type, actor_type in self._actor_types.items():
+                try:
+                    actor_type.options(**self._placement[role_type])
+                except ValueError as exc:
+                    raise ConfigError(f"--{role_type.value}-resource-request: Ray refuses "
+                                      f"{self._placement[role_type]}: {exc}") from None
         except ConfigError:
-            self._ray.shutdown()
-            if self._cluster is not None:
-                self._cluster.stop()
+            self._disconnect()
             raise
-        remote = self._ray.remote(max_restarts=0, max_task_retries=0)
-        self._actor_types = {RoleType.PS: remote(PSActor), RoleType.WORKER: remote(WorkerActor)}
         self._launches = collections.Counter()
         self._logs = {}
         self._closed = threading.Event()
@@ -206,6 +210,9 @@ class RayInstanceManager(WatchedInstanceManager):
         with self._lock:
             if spec.name in self._current:
                 raise ValueError(f"Role {spec.name} is already running.")
+        if self._cluster is not None and not self._cluster.alive():
+            raise RuntimeError(f"Cannot start {spec.name}: the job's Ray cluster stopped "
+                               f"(see {self._cluster.log_path})")
         actor, name = self._create(spec)
         started = actor.start.remote(spec.module, spec.args, spec.files, spec.advertise_flag,
                                      self._env, self._config.workdir)
@@ -225,7 +232,7 @@ class RayInstanceManager(WatchedInstanceManager):
             try:
                 return self._actor_types[spec.role.type].options(
                     name=name, **options).remote(), name
-            except ValueError as exc:  # the name is taken in this namespace
+            except self._ray.exceptions.ActorAlreadyExistsError as exc:
                 taken = exc
         raise RuntimeError(f"Cannot create a Ray actor for {spec.name}: {NAME_TRIES} names "
                            f"in a row were taken, the last {name}: {taken}")
@@ -243,9 +250,13 @@ class RayInstanceManager(WatchedInstanceManager):
         self._stop(names, grace_s)
         self._closed.set()
         self._watcher.join(timeout=10)
-        for log in self._logs.values():
-            log.close()
-        self._logs.clear()
+        if not self._watcher.is_alive():  # else it may still write; the files close with it
+            for log in self._logs.values():
+                log.close()
+            self._logs.clear()
+        self._disconnect()
+
+    def _disconnect(self):
         self._ray.shutdown()
         if self._cluster is not None:
             self._cluster.stop()
@@ -282,6 +293,9 @@ class RayInstanceManager(WatchedInstanceManager):
                 logger.exception("Polling the job's Ray actors failed; polling again")
 
     def _poll_actors(self):
+        if self._cluster is not None and not self._cluster.alive():
+            self._cluster_lost()
+            return
         with self._lock:
             launches = [l for l in self._current.values() if l.ended is None]
         for launch in launches:
@@ -296,11 +310,23 @@ class RayInstanceManager(WatchedInstanceManager):
                 polls[ref].polling = None
                 self._polled(polls[ref], ref)
 
+    def _cluster_lost(self):
+        """The job's own cluster stopped under it: every role is gone with it."""
+        with self._lock:
+            if not self._current:
+                return
+            logger.error("The job's Ray cluster stopped (see %s)", self._cluster.log_path)
+            for launch in list(self._current.values()):
+                self._end(launch, RoleExit(launch.spec, -signal.SIGKILL, ExitReason.ACTOR_LOST,
+                                           "the job's Ray cluster stopped"))
+
     def _check_started(self, launch):
         ready, _ = self._ray.wait([launch.started], timeout=0)
         if ready:
             try:
                 node, pid = self._ray.get(launch.started)
+            except self._ray.exceptions.ActorUnavailableError:
+                return  # for now: its node is unreachable; asked again next round
             except self._ray.exceptions.RayError as exc:
                 self._lost(launch, exc)
                 return
@@ -308,13 +334,18 @@ class RayInstanceManager(WatchedInstanceManager):
             logger.info("%s runs on %s (pid %d)", launch.spec.name, node, pid)
             return
         timeout = self._config.options.pending_timeout
-        if timeout and not launch.stopping and time.monotonic() - launch.created > timeout:
-            launch.stopping = True
-            self._ray.kill(launch.actor)
-            with self._lock:
+        with self._lock:
+            late = (timeout and not launch.stopping
+                    and time.monotonic() - launch.created > timeout)
+            if late:
+                launch.stopping = True
+                wanted = ", ".join(f"{k}={v}" for k, v in
+                                   self._placement[launch.spec.role.type].items())
                 self._end(launch, RoleExit(
                     launch.spec, -signal.SIGKILL, ExitReason.UNSCHEDULABLE,
-                    f"no Ray node offered {self._placement[launch.spec.role.type]}"))
+                    f"not placed and started within {timeout:.0f} s (it asks for {wanted})"))
+        if late:
+            self._ray.kill(launch.actor)
 
     def _polled(self, launch, ref):
         exceptions = self._ray.exceptions
@@ -334,19 +365,18 @@ class RayInstanceManager(WatchedInstanceManager):
 
     def _lost(self, launch, exc):
         """The actor of `launch` is gone (or its start failed)."""
-        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         actor_died = isinstance(exc, self._ray.exceptions.RayActorError)
         with self._lock:
             if launch.stopping:
                 ended = RoleExit(launch.spec, -signal.SIGKILL)
             elif actor_died:
-                ended = RoleExit(launch.spec, -signal.SIGKILL, ExitReason.ACTOR_LOST, detail)
+                ended = RoleExit(launch.spec, -signal.SIGKILL, ExitReason.ACTOR_LOST,
+                                 _cause(exc))
             else:  # its start raised
-                ended = RoleExit(launch.spec, 1, None, detail)
+                ended = RoleExit(launch.spec, 1, None, _cause(exc))
                 logger.error("%s could not start in its Ray actor: %s", launch.spec.name, exc)
             self._end(launch, ended)
-        if not actor_died:
-            self._ray.kill(launch.actor)
+        self._ray.kill(launch.actor)  # harmless when it is dead; stops one that is not
 
     def _line(self, name, line):
         if self._config.log_dir:
@@ -357,3 +387,10 @@ class RayInstanceManager(WatchedInstanceManager):
             self._logs[name].write(line + "\n")
             self._logs[name].flush()
         self._on_line(name, line)
+
+
+def _cause(exc):
+    """The line of a Ray error that says why (Ray puts it after the actor's details)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    because = [line for line in lines if "because" in line]
+    return (because or lines or [type(exc).__name__])[-1][:200]

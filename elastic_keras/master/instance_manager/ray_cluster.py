@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 READY_LINE = b"Ray runtime started"  # what `ray start` prints once the head is up
 HEAD_STOP_S = 10.0      # the head's own shutdown gets this long before the keeper kills
 START_TIMEOUT_S = 120.0
+REAP_S = 30.0
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "RAY_USAGE_STATS_ENABLED": "0"}
@@ -76,6 +77,11 @@ class LocalRayCluster:
             f"The job's local Ray cluster did not start (see {self.log_path}). Received: " + (
                 f"its head exited (code {exited})" if exited is not None else
                 f"not up at {self.address} after {timeout_s:.0f} s"))
+
+    def alive(self):
+        """Whether the cluster still runs (its head stops whole when one of its processes
+        dies)."""
+        return self._keeper.poll() is None
 
     def stop(self, timeout_s=HEAD_STOP_S + 20):
         """Stops the head and every process under it; returns when the keeper has exited."""
@@ -181,26 +187,30 @@ def _free_port():
 
 
 def _descendants(pid):
-    """Every live process under `pid`, children before their children."""
+    """Every live process under `pid`, from each process's parent in /proc/*/stat."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # it ended while we looked
+        children.setdefault(parent, []).append(int(entry))
     found, queue = [], [pid]
     while queue:
-        parent = queue.pop()
-        try:
-            for task in os.listdir(f"/proc/{parent}/task"):
-                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as f:
-                    children = [int(child) for child in f.read().split()]
-                found += children
-                queue += children
-        except OSError:
-            continue
+        below = children.get(queue.pop(), [])
+        found += below
+        queue += below
     return found
 
 
 def _reap_all():
-    """SIGKILLs every process under this one until none is left."""
+    """SIGKILLs every process under this one until none is left (or one cannot die: a
+    process stuck in the kernel is left after `REAP_S`)."""
+    deadline = time.monotonic() + REAP_S
     while True:
         left = _descendants(os.getpid())
-        if not left:
+        if not left or time.monotonic() > deadline:
             return
         for pid in left:
             try:
@@ -227,13 +237,16 @@ def _relay(stream, ready):
 
 def _keep(parent, port, num_cpus, ready):
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    for option, value, what in ((_PR_SET_PDEATHSIG, signal.SIGTERM, "stop with the master"),
+                                (_PR_SET_CHILD_SUBREAPER, 1, "reap what Ray leaves")):
+        if libc.prctl(option, int(value), 0, 0, 0) != 0:
+            print(f"The job's Ray cluster cannot {what} (prctl: "
+                  f"{os.strerror(ctypes.get_errno())})", flush=True)
     # A plain list, not an Event: setting an Event from a signal handler deadlocks when the
     # signal lands while this thread holds the Event's lock.
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    if os.getppid() != parent:
+    if os.getppid() != parent or stopping:
         return 1
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
@@ -241,7 +254,8 @@ def _keep(parent, port, num_cpus, ready):
          f"--num-cpus={num_cpus}", "--disable-usage-stats",
          # Ports of their own, not Ray's fixed defaults: jobs on one machine run side by side.
          "--min-worker-port=0", "--max-worker-port=0",
-         f"--dashboard-agent-listen-port={_free_port()}"],
+         f"--dashboard-agent-listen-port={_free_port()}",
+         f"--ray-client-server-port={_free_port()}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     threading.Thread(target=_relay, args=(head.stdout, ready), daemon=True).start()
     while not stopping and head.poll() is None:
