@@ -28,6 +28,12 @@ ENV_PREFIX = "env:"
 MAX_BYTES = 1 << 16
 
 
+def env_name(flag):
+    """The environment variable an engine passes `flag`'s private data in
+    (`--secret-file` -> `EK_SECRET_FILE`)."""
+    return "EK_" + flag.lstrip("-").replace("-", "_").upper()
+
+
 def env_source(name):
     """The flag value that reads private data from environment variable `name`."""
     return ENV_PREFIX + name

@@ -43,6 +43,15 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
+def open_role_log(log_dir, role_name):
+    """`<log_dir>/<role_name>.log` opened to append (every launch of a role writes to one
+    file, on every engine), or None without a `log_dir`."""
+    if not log_dir:
+        return None
+    os.makedirs(log_dir, exist_ok=True)
+    return open(os.path.join(log_dir, f"{role_name}.log"), "a", encoding="utf-8")
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalEngineConfig:
     """How the local engine runs roles.
@@ -116,9 +125,7 @@ class LocalInstanceManager(InstanceManager):
         return tuple(args)
 
     def _pump(self, name, proc):
-        log_file = None
-        if self._log_dir:
-            log_file = open(os.path.join(self._log_dir, f"{name}.log"), "a", encoding="utf-8")
+        log_file = open_role_log(self._log_dir, name)
         try:
             for raw in proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip("\n")

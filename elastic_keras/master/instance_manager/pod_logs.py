@@ -3,8 +3,9 @@
 
 import json
 import logging
-import os
 import threading
+
+from elastic_keras.master.instance_manager.local import open_role_log
 
 logger = logging.getLogger(__name__)
 
@@ -20,9 +21,7 @@ def follow_log(api, namespace, pod, role_name, log_dir, on_line, closed):
 def _follow(api, namespace, pod, role_name, log_dir, on_line, closed):
     log_file = None
     try:
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-            log_file = open(os.path.join(log_dir, f"{role_name}.log"), "a", encoding="utf-8")
+        log_file = open_role_log(log_dir, role_name)
         response = api.read_namespaced_pod_log(pod, namespace, follow=True,
                                                _preload_content=False)
         pending = b""

@@ -14,7 +14,7 @@ import os
 
 from elastic_keras.common.engine_options import parse_pairs
 from elastic_keras.common.errors import ConfigError
-from elastic_keras.common.private_data import encode_for_env, env_source
+from elastic_keras.common.private_data import encode_for_env, env_name, env_source
 
 LABEL_APP = "app.kubernetes.io/name"
 LABEL_JOB = "elastic-keras/job"
@@ -76,7 +76,7 @@ class PodMaker:
         if spec.files:
             secret = self._secret(name, role_type, index, spec.files)
             for flag, _ in spec.files:
-                variable = _env_name(flag)
+                variable = env_name(flag)
                 env.append({"name": variable, "valueFrom": {"secretKeyRef": {
                     "name": name, "key": _key(flag)}}})
                 args += [flag, env_source(variable)]
@@ -168,10 +168,6 @@ def merge(base, overlay):
                   for item in base]
         return merged + [copy.deepcopy(o) for o in overlay if o["name"] not in by_name]
     return copy.deepcopy(overlay)
-
-
-def _env_name(flag):
-    return "EK_" + flag.lstrip("-").replace("-", "_").upper()
 
 
 def _key(flag):

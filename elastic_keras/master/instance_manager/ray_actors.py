@@ -31,9 +31,9 @@ import time
 
 from elastic_keras.common.engine_options import ClusterOptions, parse_pairs, quantity
 from elastic_keras.common.errors import ConfigError
-from elastic_keras.common.private_data import encode_for_env, env_source
+from elastic_keras.common.private_data import encode_for_env, env_name, env_source
 from elastic_keras.master.instance_manager.api import ExitReason, RoleExit, RoleType
-from elastic_keras.master.instance_manager.local import CHILD_BOOTSTRAP
+from elastic_keras.master.instance_manager.local import CHILD_BOOTSTRAP, open_role_log
 from elastic_keras.master.instance_manager.ray_cluster import (
     check_host_reaches_nodes, connect,
 )
@@ -109,7 +109,7 @@ class RoleActor:
         node = ray.util.get_node_ip_address()
         args, child_env = list(args), {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         for flag, data in private:
-            name = "EK_" + flag.lstrip("-").replace("-", "_").upper()
+            name = env_name(flag)
             child_env[name] = encode_for_env(data)
             args += [flag, env_source(name)]
         if advertise_flag:
@@ -251,7 +251,7 @@ class RayInstanceManager(WatchedInstanceManager):
         self._closed.set()
         self._watcher.join(timeout=10)
         if not self._watcher.is_alive():  # else it may still write; the files close with it
-            for log in self._logs.values():
+            for log in filter(None, self._logs.values()):
                 log.close()
             self._logs.clear()
         self._disconnect()
@@ -379,11 +379,9 @@ class RayInstanceManager(WatchedInstanceManager):
         self._ray.kill(launch.actor)  # harmless when it is dead; stops one that is not
 
     def _line(self, name, line):
-        if self._config.log_dir:
-            if name not in self._logs:
-                os.makedirs(self._config.log_dir, exist_ok=True)
-                self._logs[name] = open(os.path.join(self._config.log_dir, f"{name}.log"),
-                                        "a", encoding="utf-8")
+        if name not in self._logs:
+            self._logs[name] = open_role_log(self._config.log_dir, name)
+        if self._logs[name]:
             self._logs[name].write(line + "\n")
             self._logs[name].flush()
         self._on_line(name, line)
