@@ -10,6 +10,13 @@ Example:
         num_workers=2, num_ps=1, minibatch_size=64, num_epochs=3, output="out",
     )
     print(summary.status, summary.evaluations[-1]["metrics"])
+
+    scored = elastic_keras.evaluate(
+        model_zoo="model_zoo", model_def="mnist.mnist_functional",
+        validation_data="data/test", checkpoint_dir_for_init="ckpt", output="eval",
+    )
+
+`evaluate`, `predict` and `export` take the flags of their commands the same way.
 """
 
 import dataclasses
@@ -35,10 +42,36 @@ def train(config=None, **flags):
         ConfigError: a bad setting. ModelSpecError: a bad model module. DataError: data
         paths that match nothing or bad record files. Nothing has been launched then.
     """
+    return _run("train", config, flags)
+
+
+def evaluate(config=None, **flags):
+    """`elastic-keras evaluate`: the module's metrics on `validation_data` for the model of
+    `checkpoint_dir_for_init`; see `train` for the arguments. The metrics are the summary's
+    `evaluations[-1]["metrics"]`."""
+    return _run("evaluate", config, flags)
+
+
+def predict(config=None, **flags):
+    """`elastic-keras predict`: every record of `prediction_data` predicted once with the
+    model of `checkpoint_dir_for_init`; see `train` for the arguments."""
+    return _run("predict", config, flags)
+
+
+def export(config=None, **flags):
+    """`elastic-keras export`: the model of `checkpoint_dir_for_init` as a SavedModel under
+    `output`; see `train` for the arguments."""
+    return _run("export", config, flags)
+
+
+def _run(job_type, config, flags):
     if config is None:
-        config = JobConfig(**_nest(JobConfig, flags))
+        config = JobConfig(**_nest(JobConfig, {**flags, "job_type": job_type}))
     elif flags:
-        raise TypeError("train() takes a JobConfig or keyword flags, not both.")
+        raise TypeError(f"{job_type}() takes a JobConfig or keyword flags, not both.")
+    elif config.job_type != job_type:
+        raise TypeError(f"{job_type}() needs a JobConfig of job_type {job_type!r}. "
+                        f"Received: job_type {config.job_type!r}")
     return run_job(config)
 
 

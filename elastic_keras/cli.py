@@ -1,4 +1,5 @@
-"""`elastic-keras`: train a model-zoo module, scale a running job, convert data.
+"""`elastic-keras`: train a model-zoo module; evaluate, predict with or export a checkpoint;
+scale a running job; convert data.
 
 Exit codes: 0 the job succeeded (scale: the master took the request); 1 it failed (scale:
 the master could not be reached); 2 bad flags, model module, data or checkpoint directory
@@ -32,6 +33,10 @@ def build_parser():
     )
     config_lib.add_arguments(train, config_lib.JobConfig)
     train.set_defaults(func=_run_train)
+    for name, (summary, description) in _CHECKPOINT_COMMANDS.items():
+        command = commands.add_parser(name, help=summary, description=description)
+        config_lib.add_arguments(command, config_lib.JobConfig)
+        command.set_defaults(func=_run_train, job_type=name)
     scale = commands.add_parser(
         "scale", help="Change the number of workers of a running job.",
         description="Tell a running job's master how many workers to run from now on. New "
@@ -46,6 +51,28 @@ def build_parser():
     scale.set_defaults(func=_run_scale)
     data_command.register(commands)
     return parser
+
+
+_CHECKPOINT_COMMANDS = {
+    "evaluate": (
+        "Evaluate a checkpoint on --validation-data with the module's eval_metrics_fn.",
+        "Evaluate the model of --checkpoint-dir-for-init (several, or --ensemble last-K: an "
+        "ensemble) on --validation-data with parameter servers and workers, at one model "
+        "version; prints the metrics and writes OUTPUT/evaluation.json.",
+    ),
+    "predict": (
+        "Predict --prediction-data with a checkpoint.",
+        "Predict every record of --prediction-data exactly once with the model of "
+        "--checkpoint-dir-for-init (several, or --ensemble last-K: an ensemble); predictions "
+        "go to the module's PredictionOutputsProcessor, or to OUTPUT/predictions/*.jsonl.",
+    ),
+    "export": (
+        "Export a checkpoint as a serving SavedModel.",
+        "Write the model of --checkpoint-dir-for-init to OUTPUT/saved_model, the SavedModel "
+        "training writes (embedding tables included), without training. A data flag is "
+        "optional: its first records shape the input signature of a model that declares none.",
+    ),
+}
 
 
 def _run_scale(args):
@@ -93,11 +120,11 @@ def _run_train(args):
         try:
             return submit_command(config_lib.from_namespace(config_lib.JobConfig, args))
         except ConfigError as exc:
-            print(f"elastic-keras train: error: {exc}", file=sys.stderr)
+            print(f"elastic-keras {args.job_type}: error: {exc}", file=sys.stderr)
             return 2
-    from elastic_keras.master.main import train_command  # loads TensorFlow: only to train
+    from elastic_keras.master.main import train_command  # loads TensorFlow: only to run
 
-    return train_command(args)
+    return train_command(args, f"elastic-keras {args.job_type}")
 
 
 def main(argv=None):

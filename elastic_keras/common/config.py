@@ -26,6 +26,7 @@ Example:
 import dataclasses
 import os
 
+from elastic_keras.common import job_types
 from elastic_keras.common.engine_options import ClusterOptions
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, check_fields, flag, flag_name
@@ -45,15 +46,24 @@ class JobConfig:
     """What `elastic-keras train` runs: the job as a whole, held by the master."""
 
     model_def: str = _shared("model_def")
+    job_type: str = flag(
+        job_types.TRAIN, choices=job_types.JOB_TYPES, hidden=True,
+        help="What the job does; the command sets it (elastic-keras train, evaluate, predict, "
+        "export).",
+    )
     training_data: str = flag(
-        required=True,
-        help="Training records: a file, a directory or a glob of TFRecord (.tfrecord, "
-        ".tfrecords, .rec) or CSV (.csv, first line a header) files.",
+        "", help="Training records (required to train): a file, a directory or a glob of "
+        "TFRecord (.tfrecord, .tfrecords, .rec) or CSV (.csv, first line a header) files.",
     )
     model_zoo: str = _shared("model_zoo")
     validation_data: str = flag(
         "", help="Evaluation records (same forms as --training-data); evaluated after every "
-        "epoch and at the end with the module's eval_metrics_fn."
+        "epoch and at the end with the module's eval_metrics_fn (required by evaluate)."
+    )
+    prediction_data: str = flag(
+        "", help="predict: the records to predict (same forms as --training-data); every "
+        "record's prediction goes to the module's PredictionOutputsProcessor, or to "
+        "OUTPUT/predictions/ without one."
     )
     job_name: str = _shared("job_name")
     num_workers: int = flag(1, help="Number of worker processes.", bound=POSITIVE)
@@ -70,7 +80,8 @@ class JobConfig:
     )
     num_epochs: int = flag(1, help="Passes over the training data.", bound=POSITIVE)
     output: str = flag(
-        "", help="Directory for the exported model (saved_model/), job_summary.json and logs/."
+        "", help="Directory for the exported model (saved_model/), job_summary.json and logs/ "
+        "(evaluate: evaluation.json; predict: predictions/)."
     )
     max_task_retries: int = flag(
         3, help="How many times a failed task is re-queued before the job fails with its error.",
@@ -117,7 +128,18 @@ class JobConfig:
     )
     checkpoint_dir_for_init: str = flag(
         "", help="Start the model from the latest complete checkpoint in this directory "
-        "(written by any number of parameter servers); the job itself starts afresh."
+        "(written by any number of parameter servers); the job itself starts afresh. "
+        "evaluate, predict and export use this model (required); evaluate and predict take "
+        "a comma-separated list of directories as an ensemble."
+    )
+    ensemble: str = flag(
+        "", help="evaluate, predict: last-K makes an ensemble of the K newest complete "
+        "checkpoints of --checkpoint-dir-for-init."
+    )
+    ensemble_combiner: str = flag(
+        "mean", choices=job_types.COMBINERS,
+        help="How an ensemble's outputs combine: mean averages them; vote takes, per record, "
+        "the class most members rank first (ties: the lowest class), one-hot.",
     )
     relaunch_on_worker_failure: int = flag(
         3, bound=NON_NEGATIVE,
@@ -171,6 +193,7 @@ class JobConfig:
 
     def __post_init__(self):
         check_fields(self)
+        job_types.check(self)
         self.cluster.check_engine(self.engine)
         _check_tls(self)
         _requires(self, "checkpoint_steps", "checkpoint_dir")
@@ -200,15 +223,27 @@ class JobConfig:
         return self.minibatch_size * self.num_minibatches_per_task
 
     @property
+    def init_checkpoints(self):
+        """The directories of `--checkpoint-dir-for-init`, in order (several: an ensemble)."""
+        return [d.strip() for d in self.checkpoint_dir_for_init.split(",") if d.strip()]
+
+    @property
+    def ensemble_members(self):
+        """Models the job runs side by side: 1, or an ensemble's members."""
+        return job_types.ensemble_size(self) or max(1, len(self.init_checkpoints))
+
+    @property
     def tls_target_name(self):
         """The name the job's certificates carry with --tls auto ("" otherwise: hosts)."""
         return tls_target(self.job_name) if self.tls == "auto" else ""
 
-    def ps_config(self, ps_id, master_addr, port=0, restore_from="", min_version=0):
-        """The config of parameter server `ps_id`: the job's shared flags, and these."""
+    def ps_config(self, slot, master_addr, port=0, restore_from="", min_version=0):
+        """The config of the parameter server in `slot` (shard `slot % num_ps` of ensemble
+        member `slot // num_ps`): the job's shared flags, and these."""
         # Absolute: a shard's working directory need not be the master's.
         checkpoint_dir = os.path.abspath(self.checkpoint_dir) if self.checkpoint_dir else ""
-        return _role_config(PSConfig, self, ps_id=ps_id, master_addr=master_addr, port=port,
+        return _role_config(PSConfig, self, ps_id=slot % self.num_ps,
+                            member=slot // self.num_ps, master_addr=master_addr, port=port,
                             restore_from=restore_from, min_version=min_version,
                             tls_target_name=self.tls_target_name,
                             checkpoint_dir=checkpoint_dir)
@@ -220,6 +255,7 @@ class JobConfig:
             tls_target_name=self.tls_target_name, sync=self.grads_to_wait > 0,
             overlap=(self.overlap_communication and not self.grads_to_wait
                      and not self.max_staleness),
+            members=self.ensemble_members, ensemble_combiner=self.ensemble_combiner,
         )
 
 
@@ -265,6 +301,11 @@ class PSConfig:
                       bound=NON_NEGATIVE)
     num_ps: int = _shared("num_ps", default=dataclasses.MISSING, required=True)
     master_addr: str = _shared("master_addr")
+    member: int = flag(
+        0, bound=NON_NEGATIVE,
+        help="The ensemble member whose shard this is (evaluate, predict); it talks to the "
+        "master as shard member x num-ps + ps-id.",
+    )
     grads_to_wait: int = _shared("grads_to_wait")
     max_staleness: int = _shared("max_staleness")
     lr_staleness_modulation: bool = _shared("lr_staleness_modulation")
@@ -312,6 +353,11 @@ class PSConfig:
             raise ConfigError("A shard's --checkpoint-dir must be an absolute path. "
                               f"Received: {self.checkpoint_dir!r}")
 
+    @property
+    def slot(self):
+        """This shard's place among the job's shards: what it registers as."""
+        return self.member * self.num_ps + self.ps_id
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
@@ -331,6 +377,13 @@ class WorkerConfig:
     on_non_finite_loss: str = _shared("on_non_finite_loss")
     transfer: TransferOptions = _shared("transfer")
     overlap: bool = flag(False, help="Push and pull in the background while computing.")
+    members: int = flag(
+        1, bound=POSITIVE,
+        help="Ensemble members (evaluate, predict): the shards come in this many groups of "
+        "--num-ps, each one member's model.",
+    )
+    ensemble_combiner: str = flag("mean", choices=job_types.COMBINERS,
+                                  help="How an ensemble's outputs combine.")
     job_name: str = _shared("job_name")
     credential_file: str = flag(
         "", help="A file only this user can read, holding this worker's credential. The "

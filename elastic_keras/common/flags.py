@@ -34,7 +34,8 @@ POSITIVE, NON_NEGATIVE = "positive", "non-negative"
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def flag(default=dataclasses.MISSING, help="", required=False, choices=None, bound=None):
+def flag(default=dataclasses.MISSING, help="", required=False, choices=None, bound=None,
+         hidden=False):
     """A dataclass field that is also a command-line flag.
 
     Args:
@@ -44,8 +45,10 @@ def flag(default=dataclasses.MISSING, help="", required=False, choices=None, bou
         required: the flag must be given (and a string flag must not be blank).
         choices: the values allowed.
         bound: `POSITIVE` or `NON_NEGATIVE`, for a number.
+        hidden: left out of `--help` (a flag a command sets for the user).
     """
-    meta = {"help": help, "required": required, "choices": choices, "bound": bound}
+    meta = {"help": help, "required": required, "choices": choices, "bound": bound,
+            "hidden": hidden}
     if default is dataclasses.MISSING:
         return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -107,12 +110,14 @@ def _add_flags(parser, cls, defaults):
             kwargs["metavar"] = field.name.upper()
         if meta.get("choices"):
             kwargs["choices"] = meta["choices"]
+        if meta.get("hidden"):
+            kwargs["help"] = argparse.SUPPRESS
         if meta.get("required"):
             kwargs["required"] = True
         else:
             default = field.default if defaults is None else getattr(defaults, field.name)
             kwargs["default"] = default
-            if kwargs["help"] and "action" not in kwargs:
+            if kwargs["help"] and "action" not in kwargs and not meta.get("hidden"):
                 kwargs["help"] += f" (default: {default!r})"
         parser.add_argument(flag_name(field.name), **kwargs)
 

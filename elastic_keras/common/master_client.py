@@ -63,12 +63,14 @@ class MasterClient:
 
     def report_task_result(self, worker_id, task_id, records_done, error="", loss=0.0,
                            model_version=0, metric_states=(), abandoned=False, timeout_s=None,
-                           minibatches=0, dropped=None, fatal="", skipped=None):
+                           minibatches=0, dropped=None, fatal="", skipped=None,
+                           predictions=()):
         """Ends a task; `abandoned` hands it back (the worker is leaving) after
         `records_done` records, without counting a failure. `minibatches` counts the
         attempt's settled minibatches, `dropped` maps shards that never applied one of them
         to why, `skipped` counts minibatches not pushed by reason. `fatal` (with `error`)
-        says why no retry can help: the job fails at once."""
+        says why no retry can help: the job fails at once. `predictions`: a prediction
+        task's outputs (`Tensor` messages)."""
         self._stub.ReportTaskResult(
             master_pb2.ReportTaskResultRequest(
                 worker_id=worker_id, task_id=task_id, error=error, records_done=records_done,
@@ -77,6 +79,7 @@ class MasterClient:
                 dropped=[master_pb2.DroppedPushes(ps_id=ps_id, reason=reason, count=1)
                          for ps_id, reason in (dropped or {}).items()],
                 fatal=fatal, skipped_minibatches=skipped or {},
+                predictions=list(predictions),
             ),
             timeout=timeout_s,
         )

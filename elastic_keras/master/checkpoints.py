@@ -28,7 +28,7 @@ import time
 
 import grpc
 
-from elastic_keras.common import checkpoint_layout
+from elastic_keras.common import checkpoint_layout, job_types
 from elastic_keras.common.errors import CheckpointError, ConfigError
 from elastic_keras.master.job_state import JobState
 
@@ -146,6 +146,33 @@ class JobCheckpoints:
         logger.info("Checkpoint %s written at model version %d in %.1f s", path, version,
                     time.monotonic() - started)
         return path
+
+
+def init_checkpoints(config):
+    """The checkpoint each model of the job starts from: the newest complete one of each
+    `--checkpoint-dir-for-init` directory, or with `--ensemble last-K` the K newest of one
+    (newest first).
+
+    Raises:
+        ConfigError: a directory holds no complete checkpoint, or fewer than K.
+    """
+    k = job_types.ensemble_size(config)
+    if not k:
+        return [init_checkpoint(d) for d in config.init_checkpoints]
+    directory = config.init_checkpoints[0]
+    complete = []
+    for _, path in reversed(checkpoint_layout.list_checkpoints(os.path.abspath(directory))):
+        try:
+            checkpoint_layout.check_complete(path)
+        except CheckpointError as exc:
+            logger.warning("Skipping checkpoint %s: %s", path, exc)
+            continue
+        complete.append(path)
+        if len(complete) == k:
+            return complete
+    raise ConfigError(f"--ensemble last-{k} needs {k} complete checkpoints in "
+                      f"--checkpoint-dir-for-init {directory}. Received: {len(complete)} "
+                      f"({', '.join(complete) or 'none'})")
 
 
 def init_checkpoint(directory):

@@ -3,7 +3,7 @@
 `TaskManager.start_evaluation` opens a round over the validation data, at the end of an epoch
 or mid-epoch. While it is open no training task is handed out, and its evaluation tasks are
 handed out only once no training task runs: with asynchronous training too, every evaluation
-task sees the same model.
+task sees the same model. `elastic-keras predict` runs one round of prediction tasks instead.
 """
 
 from elastic_keras.master.tasks import EvalRound, TaskType
@@ -16,10 +16,12 @@ class EvaluationRounds:
 
     Args:
         ranges: `[(path, start, end)]` of the validation data, one task each.
+        task_type: the `TaskType` of a round's tasks (PREDICTION for a prediction job).
     """
 
-    def __init__(self, ranges):
+    def __init__(self, ranges, task_type=TaskType.EVALUATION):
         self.ranges = list(ranges)
+        self.task_type = task_type
         self.open_round = None       # the open EvalRound
         self.waiting = []            # its evaluation tasks not handed out yet
         self.epoch_evaluated = False  # the epoch's end-of-epoch round has ended
@@ -47,7 +49,7 @@ class EvaluationRounds:
                 self.open_round = self.open_round._replace(end_of_epoch=True)
             return end_of_epoch
         self.open_round = EvalRound(epoch, model_version, end_of_epoch)
-        self.waiting = [new_task(TaskType.EVALUATION, *r, epoch, version=model_version)
+        self.waiting = [new_task(self.task_type, *r, epoch, version=model_version)
                         for r in self.ranges]
         return True
 

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_keras.common.embedding_init import initial_rows
-from elastic_keras.common.errors import PSError
+from elastic_keras.common.errors import ConfigError, PSError
 from elastic_keras.common.model_spec import Mode
 from elastic_keras.common.model_variables import named_variables
 from elastic_keras.data.reader import open_reader
@@ -17,7 +17,15 @@ logger = logging.getLogger(__name__)
 
 
 def sample_features(spec, shard_path, index_cache_dir="", num_records=2):
-    """Features of a couple of training records, to build the model's variables."""
+    """Features of a couple of records of `shard_path`, to build the model's variables and
+    shape the SavedModel's inputs; without a file, zeros shaped as the model's declared
+    inputs.
+
+    Raises:
+        ConfigError: no file, and a model that declares no inputs (a subclassed one).
+    """
+    if not shard_path:
+        return _declared_inputs(spec, num_records)
     reader = open_reader(shard_path, index_cache_dir)
     records = list(reader.read(0, min(num_records, reader.num_records)))
     dataset = spec.dataset_fn(
@@ -26,6 +34,26 @@ def sample_features(spec, shard_path, index_cache_dir="", num_records=2):
     )
     element = next(iter(dataset.batch(len(records))))
     return element[0] if isinstance(element, tuple) else element
+
+
+def _declared_inputs(spec, num_records):
+    keras.utils.clear_session()
+    model = spec.custom_model()
+    try:
+        declared = model.input
+    except (AttributeError, ValueError):
+        raise ConfigError(
+            f"Model module '{spec.module_name}': its model declares no inputs (a subclassed "
+            "model), so the SavedModel's input signature must come from data: give "
+            "--prediction-data, --validation-data or --training-data. Received: none") from None
+
+    def zeros(tensor):
+        shape = [num_records] + [d or 1 for d in tensor.shape[1:]]
+        if tensor.dtype == "string":
+            return tf.fill(shape, "")
+        return tf.zeros(shape, tensor.dtype)
+
+    return tf.nest.map_structure(zeros, declared)
 
 
 def export_saved_model(spec, ps_client, features, path, embedding_threshold_params):

@@ -48,7 +48,7 @@ def manifests(config):
     material = tls.TlsMaterial(b"", b"", b"") if config.tls != "off" or config.tls_cert else None
     roles = Roles(config, engine=None, secret=b"", tls_for=lambda name: material)
     roles.master_address = "MASTER_POD_IP:MASTER_PORT"  # known once the master serves
-    specs = ([roles.ps_spec(i) for i in range(config.num_ps)]
+    specs = ([roles.ps_spec(i) for i in range(config.num_ps * config.ensemble_members)]
              + [roles.worker_spec(i) for i in range(config.num_workers)])
     return [master_pod(config)] + [maker.role_pod(s, 0, config.num_workers)[0] for s in specs]
 

@@ -74,6 +74,10 @@ def print_summary(summary, stream=None):
     lines = [f"Job {summary.job_name} {summary.status.value.upper()}"]
     if summary.error:
         lines.append(f"  error: {summary.error}")
+    if summary.job_type != "train":
+        lines += _outputs_lines(summary)
+        print("\n".join(lines), file=stream or sys.stderr)
+        return
     for epoch in summary.epochs:
         lines.append(
             f"  epoch {epoch['epoch']}: {epoch['trained_at_least_once']}/{epoch['records']} "
@@ -92,6 +96,21 @@ def print_summary(summary, stream=None):
     if summary.saved_model:
         lines.append(f"  model: {summary.saved_model}")
     print("\n".join(lines), file=stream or sys.stderr)
+
+
+def _outputs_lines(summary):
+    outputs = summary.outputs
+    lines = [f"  {summary.job_type} of {', '.join(outputs.get('checkpoints', [])) or '-'} "
+             f"(model version {summary.final_model_version})"]
+    for evaluation in summary.evaluations[-1:]:
+        lines.append(f"  metrics: {json.dumps(evaluation['metrics'])}")
+    if summary.job_type != "export":
+        lines.append(f"  {outputs.get('records', 0)} records in {summary.wall_time_s:.1f} s"
+                     + (f"; predictions: {outputs['predictions']}"
+                        if "predictions" in outputs else ""))
+    if summary.saved_model:
+        lines.append(f"  model: {summary.saved_model}")
+    return lines
 
 
 class _sigterm_as_interrupt:

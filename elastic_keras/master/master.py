@@ -18,6 +18,9 @@ tasks, watches the roles, evaluates, checkpoints, exports the model and writes
   (the highest ids) get SIGTERM, hand their task back and exit.
 - With `--checkpoint-dir`, a checkpoint (every shard plus the `JobState`) is taken every
   `--checkpoint-steps` versions and at the end; the same command run again resumes the job.
+- Evaluate and predict run one round over their data on the restored model (an ensemble:
+  `--num-ps` shards per member, in slots member x num-ps + shard); export runs no workers.
+  What each job type leaves behind is `outputs`'.
 """
 
 import collections
@@ -33,11 +36,11 @@ from elastic_keras.master import instance_manager, job_locator
 from elastic_keras.master.checkpoints import JobCheckpoints
 from elastic_keras.master.console import Console
 from elastic_keras.master.evaluation import Evaluations
-from elastic_keras.master.export import export_saved_model, sample_features
 from elastic_keras.master.instance_manager import ExitReason, RoleType
 from elastic_keras.master.job_state import JobState
 from elastic_keras.master.job_tls import JobTls
 from elastic_keras.master.membership import Membership
+from elastic_keras.master.outputs import JobOutputs
 from elastic_keras.master.reports import Reports
 from elastic_keras.master.resume import start_job
 from elastic_keras.master.roles import Roles
@@ -74,7 +77,8 @@ class Master:
         self._secret = auth.new_secret()  # this run's: every role's credential comes from it
         self._job_tls = None  # made when the job runs (`JobTls`)
         self.roles = Roles(config, engine, self._secret, self._role_tls) if engine else None
-        self.membership = Membership(config.num_ps)
+        self.membership = Membership(config.num_ps * config.ensemble_members)
+        self.outputs = JobOutputs(config, spec)
         self.evaluations = Evaluations(spec.eval_metrics_fn, config.evaluation_steps)
         self.reports = Reports(self.membership, self.evaluations)
         self.checkpoints = JobCheckpoints(config.checkpoint_dir, config.checkpoint_steps,
@@ -84,7 +88,7 @@ class Master:
         self._relaunches = collections.Counter(self._earlier.relaunches)
         self._role_exits = []        # exits the loop handled, in this run
         self._error = ""
-        self._restore_from = ""      # the checkpoint the parameter servers start from
+        self._members = [""]         # the checkpoint each model's shards start from
         self._resumed_from = ""
         self._ps_client = None   # the master's own calls to the shards
         self._scale_lock = threading.Lock()
@@ -92,7 +96,7 @@ class Master:
         self._applied_workers = config.num_workers  # what the loop has acted on
         self._next_worker_id = config.num_workers
         self._training_ended_at = None
-        self._sample_file = ""  # a training file, for the SavedModel's input signature
+        self._sample_file = ""  # a data file, for the SavedModel's input signature
 
     tasks = property(lambda self: self.reports.tasks)
     model_version = property(lambda self: self.reports.model_version)
@@ -140,7 +144,7 @@ class Master:
                                                                "tensorboard"))
         try:
             server = self._serve()
-            if self._launch():
+            if self._launch() and self.outputs.runs_workers:
                 self._loop()
             self._training_ended_at = time.time()
             self._finish()
@@ -165,8 +169,9 @@ class Master:
         self.reports.tasks = start.tasks
         self._earlier = start.earlier
         self._relaunches.update(start.earlier.relaunches)
-        self._restore_from, self._resumed_from = start.restore_from, start.resumed_from
+        self._members, self._resumed_from = start.members, start.resumed_from
         self._sample_file = start.sample_file
+        self.outputs.start(start, self.reports)
         if start.resumed_from:
             self.evaluations.resume(start.earlier.evaluations, start.earlier.model_version)
             self.reports.note_version(start.earlier.model_version)
@@ -194,9 +199,9 @@ class Master:
         training: relaunched within its budget. Workers learn the shards' addresses only
         once all have registered, so a shard relaunched before that may take a new port.
         """
-        for ps_id in range(self.config.num_ps):
-            self.roles.start_ps(ps_id, restore_from=self._restore_from)
-        for worker_id in range(self.config.num_workers):
+        for slot in range(self.membership.num_ps):
+            self.roles.start_ps(slot, restore_from=self._members[slot // self.config.num_ps])
+        for worker_id in range(self.config.num_workers if self.outputs.runs_workers else 0):
             self.roles.start_worker(worker_id)
         deadline = time.monotonic() + PS_REGISTRATION_TIMEOUT_S
         while not self.membership.ps_addresses()[0]:
@@ -209,7 +214,7 @@ class Master:
                                f"{PS_REGISTRATION_TIMEOUT_S:.0f} s; see their logs")
                 return False
             time.sleep(0.05)
-        self._ps_client = PSClient(self.membership.ps_addresses()[1],
+        self._ps_client = PSClient(self.membership.ps_addresses()[1][:self.config.num_ps],
                                    token=self._token(auth.Role.MASTER), tls=self._job_tls.own)
         return True
 
@@ -218,14 +223,18 @@ class Master:
         while True:
             for exit_ in self.roles.poll():
                 self._on_role_exit(exit_)
+            self._error = self._error or self.outputs.error
             if self._error:
                 return
-            self._ps_client.readdress(self.membership.ps_addresses()[1])  # a relaunched shard
+            # A relaunched shard (of the first member: the others are the workers' only).
+            self._ps_client.readdress(self.membership.ps_addresses()[1][:self.config.num_ps])
             self._apply_scale()
             self._error = watch(self.config, self.membership, tasks, self.roles)
             epoch = tasks.epoch_finished()
             if epoch is not None:
-                logger.info("Epoch %d trained (model version %d)", epoch + 1, self.model_version)
+                if self.outputs.trains:
+                    logger.info("Epoch %d trained (model version %d)", epoch + 1,
+                                self.model_version)
                 if not tasks.start_evaluation(self.model_version):
                     tasks.next_epoch()
             elif (self.evaluations.due(self.model_version)
@@ -233,7 +242,7 @@ class Master:
                 self.evaluations.started(self.model_version)
             finished_round = tasks.evaluation_finished()
             if finished_round is not None:
-                self.evaluations.close(finished_round)
+                self.outputs.round_closed(finished_round, self.evaluations)
                 if finished_round.end_of_epoch:
                     tasks.next_epoch()
             if tasks.finished:
@@ -243,7 +252,7 @@ class Master:
             if (self.checkpoints.due(self.model_version)
                     and self.membership.shards_answering(CHECKPOINT_SILENCE_S)):
                 self._checkpoint()
-            self.reports.show(self.console, self.config.num_epochs, self.evaluations.events)
+            self.reports.show(self.console, self.config, self.evaluations.events)
             time.sleep(_TICK_S)
 
     # -- policy: relaunch, scale, give up ----------------------------------------------------
@@ -297,7 +306,8 @@ class Master:
         self._relaunches[role.name] += 1
         _, addresses = self.membership.ps_addresses()
         port = int(addresses[role.index].rsplit(":", 1)[1]) if addresses else 0
-        restore = self.checkpoints.latest() or self._restore_from
+        member = self._members[role.index // self.config.num_ps]
+        restore = (self.checkpoints.latest() or member) if self.outputs.trains else member
         # Its version goes on from the highest it reported, not back to the checkpoint's.
         self.roles.start_ps(role.index, port, restore, self.membership.ps_version(role.index))
         logger.warning(
@@ -352,16 +362,12 @@ class Master:
         """After a good end of training: final versions, checkpoint and SavedModel."""
         if self.tasks.failed or self._error:
             return
-        if not self.membership.wait_for_rounds_closed(self.config.sync_round_timeout_s + 10):
+        if self.outputs.trains and not self.membership.wait_for_rounds_closed(
+                self.config.sync_round_timeout_s + 10):
             logger.warning("Parameter servers did not report their last updates applied.")
         if self.checkpoints.enabled:
             self._checkpoint(finished=True)
-        if self.config.output:
-            features = sample_features(self.spec, self._sample_file,
-                                       self.config.index_cache_dir)
-            export_saved_model(self.spec, self._ps_client, features,
-                               os.path.join(self.config.output, "saved_model"),
-                               self.config.embedding_threshold_params)
+        self.outputs.finish(self._ps_client, self.evaluations, self._sample_file)
 
     def _shutdown(self, server):
         """Lets roles exit on their own after a good end (workers when told there are no
@@ -388,6 +394,7 @@ class Master:
                        training_ended=self._training_ended_at,
                        records=self.reports.throughput.records, num_workers=num_workers,
                        resumed_from=self._resumed_from, pushes=self.reports.pushes.by_worker(),
-                       skipped=self.reports.skipped_minibatches())
+                       skipped=self.reports.skipped_minibatches(),
+                       outputs=self.outputs.summary(self.reports))
         return build_summary(self.config, run, self._job_state(), self.tasks, self.membership,
                              self.checkpoints)

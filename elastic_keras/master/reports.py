@@ -5,7 +5,9 @@ The servicer calls in here from gRPC threads: `get_task`, `report_progress`,
 push account, the minibatches workers skipped (`skipped_minibatches`), the evaluation results
 and the highest model version seen; the main loop reads them back for its policy and for
 the progress line. A result marked fatal (no retry can help) fails the job at once; `fatal`
-keeps why ("model_module": the job then ends as a bad model module does).
+keeps why ("model_module": the job then ends as a bad model module does). A prediction task's
+outputs go to `predictions` (a `PredictionSink`) once it ends done; outputs that do not fit
+its records fail the attempt instead.
 """
 
 import logging
@@ -13,7 +15,7 @@ import os
 import threading
 import time
 
-from elastic_keras.common.errors import MODEL_MODULE, ModelSpecError
+from elastic_keras.common.errors import MODEL_MODULE, ModelSpecError, PayloadError
 from elastic_keras.master.push_account import PushAccount
 from elastic_keras.master.tasks import TaskOutcome, TaskType
 from elastic_keras.master.throughput import Throughput
@@ -47,6 +49,8 @@ class Reports:
         self._events_at = 0.0
         self._skipped = {}  # task id -> (worker id, {reason: minibatches}), per attempt
         self.fatal = ""  # why the first fatal task result could not be retried
+        self.predictions = None  # a prediction job's `PredictionSink`
+        self.inferred = 0  # records of evaluation and prediction tasks done
 
     @property
     def model_version(self):
@@ -105,9 +109,12 @@ class Reports:
 
     def report_task_result(self, worker_id, task_id, records_done, error, loss,
                            model_version, metric_states, abandoned=False, minibatches=0,
-                           dropped=None, fatal="", skipped=None):
+                           dropped=None, fatal="", skipped=None, predictions=()):
         if self._another_workers(worker_id, task_id):
             return
+        outputs = {}
+        if not error and not abandoned and self.predictions is not None:
+            outputs, error = self._predictions_of(task_id, predictions)
         self.note_version(model_version)
         if minibatches or dropped:
             self.pushes.report(task_id, worker_id, minibatches, dropped)
@@ -125,13 +132,29 @@ class Reports:
             trained = records_done if error or abandoned else task.num_records
             self.throughput.add(max(0, trained - before), None if error else loss)
         elif outcome == TaskOutcome.DONE:
-            self.evaluations.add(worker_id, metric_states, model_version)
+            with self._lock:
+                self.inferred += task.num_records
+            if task.type == TaskType.PREDICTION:
+                self.predictions.add(task, worker_id, outputs)
+            else:
+                self.evaluations.add(worker_id, metric_states, model_version)
         if abandoned:
             logger.info("Worker %d handed back %s task %d after %d records", worker_id,
                         task.type.value, task_id, records_done)
         elif error:
             logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
                            task.type.value, task_id, outcome.value, error)
+
+    def _predictions_of(self, task_id, tensors):
+        """(`{name: array}`, "") of a prediction task's outputs, or ({}, why they do not
+        fit its records: the attempt then fails)."""
+        task = self.tasks.running(task_id)
+        if task is None or task.type != TaskType.PREDICTION:
+            return {}, ""
+        try:
+            return self.predictions.decode(task, tensors), ""
+        except PayloadError as exc:
+            return {}, f"the worker's predictions do not fit the task: {exc}"
 
     def raise_for_bad_module(self, error):
         """Raises `ModelSpecError(error)` if the job failed because a worker found the model
@@ -161,8 +184,13 @@ class Reports:
                 mine[reason] = mine.get(reason, 0) + n
         return total, by_worker
 
-    def show(self, console, num_epochs, events=None):
+    def show(self, console, config, events=None):
         """Updates the progress line, and every `EVENTS_EVERY_S` the training scalars."""
+        if config.job_type != "train":
+            console.status(f"{config.job_type}: records {self.inferred}/"
+                           f"{self.tasks.round_records}  version {self.model_version}")
+            return
+        num_epochs = config.num_epochs
         epoch, done, total = self.tasks.progress()
         loss = self.throughput.loss
         examples_per_second = self.throughput.examples_per_second()

@@ -16,7 +16,8 @@ from elastic_keras.master.tasks import TaskType
 from elastic_keras.proto import master_pb2, master_pb2_grpc
 
 _WIRE_TYPES = {TaskType.TRAINING: master_pb2.TASK_TRAINING,
-               TaskType.EVALUATION: master_pb2.TASK_EVALUATION}
+               TaskType.EVALUATION: master_pb2.TASK_EVALUATION,
+               TaskType.PREDICTION: master_pb2.TASK_PREDICTION}
 
 _PS, _WORKER = auth.Role.PS, auth.Role.WORKER
 AUTHORITY = {
@@ -125,7 +126,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             request.worker_id, request.task_id, request.records_done, request.error,
             request.loss, request.model_version, request.metric_states, request.abandoned,
             request.minibatches, {d.ps_id: d.reason for d in request.dropped},
-            request.fatal, dict(request.skipped_minibatches),
+            request.fatal, dict(request.skipped_minibatches), request.predictions,
         )
         return master_pb2.ReportTaskResultResponse()
 
@@ -158,7 +159,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         )
 
     def _check_ps_id(self, context, method, ps_id):
-        num_ps = self._master.config.num_ps
+        num_ps = self._master.membership.num_ps
         _require(context, 0 <= ps_id < num_ps, method, f"ps_id must be in [0, {num_ps})",
                  f"ps_id={ps_id}")
 

@@ -49,6 +49,10 @@ class JobSummary:
     # Training minibatches no worker pushed, by reason: {"non_finite_loss": n} counts NaN or
     # Inf losses skipped with --on-non-finite-loss skip
     skipped_minibatches: dict = dataclasses.field(default_factory=dict)
+    job_type: str = "train"
+    # evaluate, predict, export: "checkpoints" (one per ensemble member), "records"
+    # evaluated or predicted, and where predictions went ("predictions")
+    outputs: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         data = dataclasses.asdict(self)
@@ -74,6 +78,7 @@ class RunFacts:
         resumed_from: the checkpoint the run resumed from, or "".
         pushes: minibatches and dropped pushes per worker (`PushAccount.by_worker`).
         skipped: `Reports.skipped_minibatches()`: ({reason: n}, {worker: {reason: n}}).
+        outputs: `JobOutputs.summary()`.
     """
 
     error: str
@@ -85,6 +90,7 @@ class RunFacts:
     resumed_from: str
     pushes: dict
     skipped: tuple = ({}, {})
+    outputs: dict = dataclasses.field(default_factory=dict)
 
 
 def duplicates_bound(config):
@@ -127,7 +133,8 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
     """
     now = time.time()
     bound = duplicates_bound(config)
-    epochs = epoch_records(tasks, bound)
+    trains = config.job_type == "train"
+    epochs = epoch_records(tasks, bound) if trains else []
     error = run.error or (tasks.error if tasks else "")
     status = JobStatus.FAILED if error or tasks is None else JobStatus.SUCCEEDED
     if status == JobStatus.SUCCEEDED and any(e["trained_never"] for e in epochs):
@@ -153,7 +160,8 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
         staleness=membership.staleness(),
         role_exits=state.role_exits,
         saved_model=(os.path.join(config.output, "saved_model")
-                     if config.output and status == JobStatus.SUCCEEDED else ""),
+                     if config.output and status == JobStatus.SUCCEEDED
+                     and config.job_type in ("train", "export") else ""),
         recovery={
             "resumed_from": run.resumed_from,
             "relaunches": dict(sorted(state.relaunches.items())),
@@ -166,4 +174,5 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
         pushes={"by_worker": run.pushes, "applied_by_shard": membership.applied_pushes(),
                 "skipped_by_worker": run.skipped[1]},
         skipped_minibatches=run.skipped[0],
+        job_type=config.job_type, outputs=run.outputs,
     )

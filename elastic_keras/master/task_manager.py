@@ -4,7 +4,7 @@ Each epoch's tasks (`tasks.Task`, ranges of records cut by `data.shards.split_ra
 handed out in a shuffled order.
 
 Re-queues. A task goes back to the front of the queue, resuming after the last record its
-worker reported (an evaluation task starts over: its metrics come only with its result):
+worker reported (evaluation and prediction tasks start over: their result holds all they make):
 
 - its worker reports an error: a retry. A task may be retried `max_task_retries` times; one
   more error fails the job with that task's error, as does at once a `fatal` one;
@@ -22,7 +22,6 @@ Example:
     tasks = TaskManager([("train-0.tfrecord", 1000)], records_per_task=100, num_epochs=2,
                         max_task_retries=3, eval_shards=[("test-0.tfrecord", 200)])
     task = tasks.get(worker_id=0)
-    tasks.report_progress(task.task_id, 50)
     tasks.report_result(task.task_id, 100)
 """
 
@@ -48,14 +47,16 @@ class TaskManager:
             fails.
         eval_shards: `[(path, num_records)]` of the validation data, or empty.
         seed: seed of the per-epoch shuffle (None: random).
+        eval_type: the rounds' `TaskType`: PREDICTION for a prediction job (one round).
     """
 
     def __init__(self, shards, records_per_task, num_epochs, max_task_retries,
-                 eval_shards=(), seed=None):
+                 eval_shards=(), seed=None, eval_type=TaskType.EVALUATION):
         self._shards = [(str(path), int(n)) for path, n in shards]
         self.records_per_task = records_per_task
         self._train_ranges = _ranges(self._shards, records_per_task)
-        self._rounds = EvaluationRounds(_ranges(eval_shards, records_per_task))
+        self._rounds = EvaluationRounds(_ranges(eval_shards, records_per_task), eval_type)
+        self.round_records = sum(int(n) for _, n in eval_shards)
         self.records_per_epoch = sum(n for _, n in self._shards)
         self.num_epochs = num_epochs
         self.max_task_retries = max_task_retries
@@ -101,6 +102,7 @@ class TaskManager:
         )
 
     failed = property(lambda self: bool(self.error))
+    tasks_per_epoch = property(lambda self: len(self._train_ranges))
 
     def epoch_counts(self):
         """Per epoch, how many records were trained at least once and more than once."""
@@ -114,20 +116,14 @@ class TaskManager:
             running = sum(r.records_done for r in self._doing.of_type() if r.task.epoch == epoch)
             return epoch, self._ledger.done_records[epoch] + running, self.records_per_epoch
 
-    tasks_per_epoch = property(lambda self: len(self._train_ranges))
-
     def records_done(self, task_id):
         """How far into running task `task_id` its worker has reported (0 if not running)."""
         with self._lock:
-            running = self._doing.get(task_id)
-            return running.records_done if running else 0
+            return getattr(self._doing.get(task_id), "records_done", 0)
 
     def training_load(self):
-        """(training tasks that `get()` may hand out now, training tasks running).
-
-        While an evaluation round is open no training task is handed out, so the first
-        number is 0 then: the running tasks are all that will push gradients until it ends.
-        """
+        """(training tasks that `get()` may hand out now, training tasks running); the
+        first is 0 while an evaluation round is open (none is handed out then)."""
         with self._lock:
             waiting = 0 if self._rounds.open_round is not None else len(self._todo)
             return waiting, self._training_running_locked()
@@ -138,11 +134,15 @@ class TaskManager:
     def _training_complete_locked(self):
         return not self._todo and not self._training_running_locked()
 
+    def running(self, task_id):
+        """Running task `task_id` (a `Task`), or None."""
+        with self._lock:
+            return getattr(self._doing.get(task_id), "task", None)
+
     def holder(self, task_id):
         """The worker running task `task_id`, or None when it is not running."""
         with self._lock:
-            running = self._doing.get(task_id)
-            return running.worker_id if running else None
+            return getattr(self._doing.get(task_id), "worker_id", None)
 
     def running_tasks(self):
         with self._lock:
@@ -260,8 +260,8 @@ class TaskManager:
     def _requeue(self, running, retry):
         task = running.task
         self.tasks_requeued += 1
-        if task.type == TaskType.EVALUATION:
-            resume = task.start  # its metric states come only with a successful result
+        if task.type != TaskType.TRAINING:
+            resume = task.start  # its metrics or predictions come only with its result
         else:
             resume = task.start + running.records_done
             self._ledger.done_records[task.epoch] += running.records_done
@@ -324,7 +324,7 @@ class TaskManager:
         """The `EvalRound` that just ended (once), else None; with `end_of_epoch` (see
         `EvaluationRounds.finish`) the caller then calls `next_epoch()`."""
         with self._lock:
-            evaluating = self._doing.of_type(TaskType.EVALUATION)
+            evaluating = self._doing.of_type(self._rounds.task_type)
             return self._rounds.finish(evaluating, self._training_complete_locked())
 
     def next_epoch(self):

@@ -12,6 +12,7 @@ from typing import NamedTuple
 class TaskType(str, enum.Enum):
     TRAINING = "training"
     EVALUATION = "evaluation"
+    PREDICTION = "prediction"
 
 
 class TaskOutcome(str, enum.Enum):

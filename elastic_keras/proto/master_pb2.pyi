@@ -14,10 +14,12 @@ class TaskType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_WAIT: _ClassVar[TaskType]
     TASK_TRAINING: _ClassVar[TaskType]
     TASK_EVALUATION: _ClassVar[TaskType]
+    TASK_PREDICTION: _ClassVar[TaskType]
 TASK_NONE: TaskType
 TASK_WAIT: TaskType
 TASK_TRAINING: TaskType
 TASK_EVALUATION: TaskType
+TASK_PREDICTION: TaskType
 
 class Task(_message.Message):
     __slots__ = ("task_id", "type", "path", "start", "end", "epoch", "model_version")
@@ -158,7 +160,7 @@ class MetricState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., variables: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., aggregations: _Optional[_Iterable[str]] = ..., labels: _Optional[_Union[MetricState.InputSpec, _Mapping]] = ..., predictions: _Optional[_Union[MetricState.InputSpec, _Mapping]] = ...) -> None: ...
 
 class ReportTaskResultRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned", "minibatches", "dropped", "fatal", "skipped_minibatches")
+    __slots__ = ("worker_id", "task_id", "error", "records_done", "loss", "model_version", "metric_states", "abandoned", "minibatches", "dropped", "fatal", "skipped_minibatches", "predictions")
     class SkippedMinibatchesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +180,7 @@ class ReportTaskResultRequest(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     FATAL_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     task_id: int
     error: str
@@ -190,7 +193,8 @@ class ReportTaskResultRequest(_message.Message):
     dropped: _containers.RepeatedCompositeFieldContainer[DroppedPushes]
     fatal: str
     skipped_minibatches: _containers.ScalarMap[str, int]
-    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ..., minibatches: _Optional[int] = ..., dropped: _Optional[_Iterable[_Union[DroppedPushes, _Mapping]]] = ..., fatal: _Optional[str] = ..., skipped_minibatches: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    predictions: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, worker_id: _Optional[int] = ..., task_id: _Optional[int] = ..., error: _Optional[str] = ..., records_done: _Optional[int] = ..., loss: _Optional[float] = ..., model_version: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[MetricState, _Mapping]]] = ..., abandoned: _Optional[bool] = ..., minibatches: _Optional[int] = ..., dropped: _Optional[_Iterable[_Union[DroppedPushes, _Mapping]]] = ..., fatal: _Optional[str] = ..., skipped_minibatches: _Optional[_Mapping[str, int]] = ..., predictions: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskResultResponse(_message.Message):
     __slots__ = ()

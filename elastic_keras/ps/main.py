@@ -105,7 +105,7 @@ def run(config, stop):
         config.ps_id, config.num_ps, config.job_name, address,
         " over TLS" if material else "", transfer,
     )
-    token = auth.credential(secret, config.job_name, auth.Identity(auth.Role.PS, config.ps_id))
+    token = auth.credential(secret, config.job_name, auth.Identity(auth.Role.PS, config.slot))
     master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S, token=token,
                           tls=material)
     try:
@@ -185,18 +185,18 @@ def _keep_in_touch(config, address, parameters, master, stop):
             return RoleExitCode.MASTER_LOST
         try:
             if not registered:
-                master.register_ps(config.ps_id, address)
+                master.register_ps(config.slot, address)
                 registered = True
                 logger.info("Registered %s with the master at %s.", address, config.master_addr)
             answer = master.heartbeat(
-                "ps", config.ps_id, timeout_s=min(MASTER_CALL_DEADLINE_S, time_left),
+                "ps", config.slot, timeout_s=min(MASTER_CALL_DEADLINE_S, time_left),
                 round_size=parameters.round_size,
             )
             finished = answer.job_finished
             last_answer = time.monotonic()
             if in_outage or answer.register_again:
                 in_outage = False
-                master.register_ps(config.ps_id, address)
+                master.register_ps(config.slot, address)
                 logger.info("The master answers again; re-registered %s.", address)
             if finished:
                 logger.info("The master says the job has finished; stopping.")
@@ -204,7 +204,7 @@ def _keep_in_touch(config, address, parameters, master, stop):
             if answer.HasField("sync_round_size"):
                 parameters.set_round_size(answer.sync_round_size)
             closed = parameters.close_expired_round()
-            master.report_version(config.ps_id, parameters.version,
+            master.report_version(config.slot, parameters.version,
                                   parameters.staleness.counts, parameters.staleness.rejections,
                                   parameters.pending_pushes, parameters.applied_pushes,
                                   parameters.non_finite_pushes)

@@ -28,6 +28,7 @@ from elastic_keras.common.private_data import read_private
 from elastic_keras.common.signals import set_from_handler
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.worker import strategies
+from elastic_keras.worker.inference import Inference
 from elastic_keras.worker.task_loop import TaskLoop
 from elastic_keras.worker.trainer import Trainer
 
@@ -66,7 +67,7 @@ class Heartbeat(threading.Thread):
         self._master = master
         self._worker_id = worker_id
         self._done = threading.Event()
-        self.ps_client = None  # readdressed when a relaunched shard comes back elsewhere
+        self.ps_clients = []  # readdressed when a relaunched shard comes back elsewhere
 
     def run(self):
         last_answer = time.monotonic()
@@ -78,7 +79,7 @@ class Heartbeat(threading.Thread):
                 last_answer = time.monotonic()
                 if answer.register_again:
                     self._master.register_worker(self._worker_id)
-                if self.ps_client is not None:
+                if self.ps_clients:
                     self._readdress(list(answer.ps_addresses))
             except grpc.RpcError as exc:
                 silent = time.monotonic() - last_answer
@@ -93,13 +94,17 @@ class Heartbeat(threading.Thread):
                                exc.code().name, silent)
 
     def _readdress(self, addresses):
-        moved = [f"{i} to {a}" for i, a in enumerate(addresses)
-                 if i < self.ps_client.num_ps and a != self.ps_client.addresses[i]]
-        try:
-            self.ps_client.readdress(addresses)
-        except ValueError as exc:
-            logger.error("The master sent parameter-server addresses that do not fit: %s", exc)
+        if not addresses:
             return
+        known = [a for client in self.ps_clients for a in client.addresses]
+        if len(addresses) != len(known):
+            logger.error("The master sent %d parameter-server addresses; this worker uses %d",
+                         len(addresses), len(known))
+            return
+        moved = [f"{i} to {a}" for i, (a, old) in enumerate(zip(addresses, known)) if a != old]
+        num_ps = self.ps_clients[0].num_ps
+        for member, client in enumerate(self.ps_clients):
+            client.readdress(addresses[member * num_ps:(member + 1) * num_ps])
         if moved:
             logger.warning("Parameter server %s (relaunched elsewhere)", ", ".join(moved))
 
@@ -145,22 +150,36 @@ def main(argv=None):
     master.register_worker(config.worker_id)
     heartbeat = Heartbeat(master, config.worker_id)
     heartbeat.start()
-    ps_client = None
     try:
         addresses = _wait_for_cluster(master, config.worker_id, stop)
         if addresses is None:
             logger.info("Worker %d told to stop before it started", config.worker_id)
             return 0
-        ps_client = PSClient(addresses, transfer=config.transfer, token=token, tls=material)
-        heartbeat.ps_client = ps_client
-        logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
-                    config.job_name, ", ".join(ps_client.addresses), ps_client.transfer)
-        trainer = Trainer(spec, ps_client, config.worker_id, config.embedding_threshold_params,
-                          strategies.name_for(config), config.max_stale_retries, stop=stop)
-        TaskLoop(config, spec, master, trainer, stop).run()
+        if len(addresses) != config.num_ps * config.members:
+            logger.error("Cannot start: the master names %d parameter servers; --num-ps %d "
+                         "x --members %d expected", len(addresses), config.num_ps,
+                         config.members)
+            return RoleExitCode.BAD_INPUT
+        heartbeat.ps_clients = [
+            PSClient(addresses[k * config.num_ps:(k + 1) * config.num_ps],
+                     transfer=config.transfer, token=token, tls=material)
+            for k in range(config.members)]
+        _run_tasks(config, spec, master, heartbeat.ps_clients, stop)
     finally:
         heartbeat.close()
-        if ps_client is not None:
-            ps_client.close()
+        for client in heartbeat.ps_clients:
+            client.close()
         master.close()
     return 0
+
+
+def _run_tasks(config, spec, master, ps_clients, stop):
+    """Runs the master's tasks with one model per ensemble member (a training job: one)."""
+    logger.info("Worker %d of job %s: parameter servers %s; sends %s", config.worker_id,
+                config.job_name, ", ".join(a for c in ps_clients for a in c.addresses),
+                ps_clients[0].transfer)
+    members = [Trainer(spec, client, config.worker_id, config.embedding_threshold_params,
+                       strategies.name_for(config), config.max_stale_retries, stop=stop)
+               for client in ps_clients]
+    inference = Inference(spec, members, config.ensemble_combiner)
+    TaskLoop(config, spec, master, members[0], stop, inference).run()

@@ -26,6 +26,7 @@ from elastic_keras.common.model_spec import Mode
 from elastic_keras.data.reader import open_reader
 from elastic_keras.proto import master_pb2
 from elastic_keras.worker import failures
+from elastic_keras.worker.inference import Inference
 from elastic_keras.worker.pipeline import RecordPipeline
 
 logger = logging.getLogger(__name__)
@@ -47,13 +48,16 @@ class TaskLoop:
         master: a `MasterClient`.
         trainer: a `Trainer`.
         stop: a `threading.Event`; once set, the worker hands its task back and leaves.
+        inference: the `Inference` that evaluates and predicts (default: with `trainer`'s
+            model alone; an ensemble's has every member's).
     """
 
-    def __init__(self, config, spec, master, trainer, stop=None):
+    def __init__(self, config, spec, master, trainer, stop=None, inference=None):
         self._config = config
         self._spec = spec
         self._master = master
         self._trainer = trainer
+        self._inference = inference or Inference(spec, [trainer])
         self._stop = stop or threading.Event()
         self._readers = {}
         self._pipelines = {}  # (path, mode) -> _Pipeline
@@ -78,10 +82,12 @@ class TaskLoop:
         # minibatches not pushed, by reason.
         state = {"records_done": 0, "landed": 0, "pushed": 0, "minibatches": 0, "losses": [],
                  "skipped": {}}
+        metric_states, predictions = (), ()
         try:
             if task.type == master_pb2.TASK_TRAINING:
-                metric_states = ()
                 self._train(task, state)
+            elif task.type == master_pb2.TASK_PREDICTION:
+                predictions = self._predict(task, state)
             else:
                 metric_states = self._evaluate(task, state)
         except _Leaving:
@@ -95,7 +101,7 @@ class TaskLoop:
             self._config.worker_id, task.task_id, state["records_done"],
             loss=sum(losses) / len(losses) if losses else 0.0,
             model_version=self._trainer.model_version, metric_states=metric_states,
-            minibatches=state["minibatches"], skipped=state["skipped"],
+            minibatches=state["minibatches"], skipped=state["skipped"], predictions=predictions,
         )
 
     def _report_failure(self, task, state, exc):
@@ -226,9 +232,22 @@ class TaskLoop:
             return None
 
     def _evaluate(self, task, state):
-        states = self._trainer.evaluate(self._batches(task, Mode.EVALUATION))
+        states = self._inference.evaluate(self._batches(task, Mode.EVALUATION))
         state["records_done"] = state["landed"] = task.end - task.start
         return states
+
+    def _predict(self, task, state):
+        # Nothing of a prediction task counts until its result: it is handed back whole.
+        predictions = self._inference.predict(self._leaving_batches(task, Mode.PREDICTION),
+                                              task.end - task.start)
+        state["records_done"] = state["landed"] = task.end - task.start
+        return predictions
+
+    def _leaving_batches(self, task, mode):
+        for batch in self._batches(task, mode):
+            yield batch
+            if self._stop.is_set():
+                raise _Leaving()
 
 
 def _batch_size(labels):

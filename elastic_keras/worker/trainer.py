@@ -1,5 +1,5 @@
-"""One worker's model: pulls parameters, computes gradients and evaluates; its update
-strategy pushes the gradients.
+"""One worker's model: pulls parameters and computes gradients (its update strategy pushes
+them), or outputs for evaluation and prediction (`worker.inference`).
 
 The model lives in the worker as a plain Keras model whose variables are overwritten with
 the parameter servers' values before each step. The step runs under `tf.GradientTape`,
@@ -38,7 +38,6 @@ import tensorflow as tf
 
 from elastic_keras.common.config import EMBEDDING_THRESHOLD_PARAMS
 from elastic_keras.common.errors import NonFiniteLossError, NotReadyError, PSError
-from elastic_keras.common.metrics import build_metrics, to_states
 from elastic_keras.common.model_variables import split_trainable
 from elastic_keras.common.optimizer_contract import GradientPrep, shard_config
 from elastic_keras.layers.lookup_context import (
@@ -117,6 +116,8 @@ class Trainer(Replica):
     def _ensure_model(self, features):
         if self._model is not None:
             return
+        # The names a fresh process gives, also for an ensemble's second model.
+        keras.utils.clear_session()
         model = self._spec.custom_model()
         model(features, training=False)  # builds every variable
         self._model = model
@@ -340,24 +341,17 @@ class Trainer(Replica):
         """How many pushes some shard refused as stale (each was recomputed and resent)."""
         return self._strategy.stale_pushes
 
-    def evaluate(self, batches):
-        """Evaluates the current model on `(features, labels)` batches.
-
-        Returns:
-            The metrics' states as `MetricState` messages, for the master to add up.
-        """
+    def prepare(self, features):
+        """Before evaluating or predicting: builds the model (from `features`) and takes the
+        parameter servers' current values, once every push made so far has landed."""
         self.flush()
-        metrics, labels, predictions = None, None, None
-        for features, labels in batches:
-            self._ensure_model(features)
-            if metrics is None:
-                self.pull()
-                metrics = build_metrics(self._spec.eval_metrics_fn)
-            predictions = self._forward(features)
-            for metric in metrics.values():
-                metric.update_state(labels, predictions)
-        # One batch's shapes let the master build metrics whose state is made lazily.
-        return to_states(metrics or {}, labels, predictions)
+        self._ensure_model(features)
+        self.pull()
+
+    def forward(self, features):
+        """The model's outputs for `features` (inference: `training=False`), as taken by
+        the last `prepare` or pull."""
+        return self._forward(features)
 
 
 def _compile(fn, what):

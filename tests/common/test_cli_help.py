@@ -8,16 +8,18 @@ from elastic_keras import cli
 from elastic_keras.common import config as config_lib
 
 
-@pytest.mark.parametrize("command", ["train", "scale", "data"])
+@pytest.mark.parametrize("command",
+                         ["train", "evaluate", "predict", "export", "scale", "data"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main([command, "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    if command == "train":
+    if command in ("train", "evaluate", "predict", "export"):
         assert "--compression" in _flag_names(config_lib.JobConfig)
         for name in _flag_names(config_lib.JobConfig):
-            assert name in out
+            # The command sets the job type: it is no flag to give.
+            assert (name in out) == (name != "--job-type"), name
         assert "10% or more" in out
 
 
