@@ -37,7 +37,7 @@ from elastic_keras.common.flags import (  # noqa: F401
 from elastic_keras.common.shared_flags import (  # noqa: F401 - importable from here
     EMBEDDING_THRESHOLD_PARAMS, LOG_LEVELS, SHARED as _SHARED, shared as _shared,
 )
-from elastic_keras.common.tls import is_loopback, target_name as tls_target
+from elastic_keras.common.tls import check_job_settings, target_name as tls_target
 from elastic_keras.common.transfer.limits import PayloadLimits
 from elastic_keras.common.transfer.tensor_stream import TransferOptions
 
@@ -195,7 +195,7 @@ class JobConfig:
         check_fields(self)
         job_types.check(self)
         self.cluster.check_engine(self.engine)
-        _check_tls(self)
+        check_job_settings(self)
         _requires(self, "checkpoint_steps", "checkpoint_dir")
         _requires(self, "evaluation_steps", "validation_data")
         if self.use_async and self.grads_to_wait:
@@ -237,7 +237,8 @@ class JobConfig:
         """The name the job's certificates carry with --tls auto ("" otherwise: hosts)."""
         return tls_target(self.job_name) if self.tls == "auto" else ""
 
-    def ps_config(self, slot, master_addr, port=0, restore_from="", min_version=0):
+    def ps_config(self, slot, master_addr, port=0, restore_from="", min_version=0,
+                  learning_rate=-1.0):
         """The config of the parameter server in `slot` (shard `slot % num_ps` of ensemble
         member `slot // num_ps`): the job's shared flags, and these."""
         # Absolute: a shard's working directory need not be the master's.
@@ -245,7 +246,7 @@ class JobConfig:
         return _role_config(PSConfig, self, ps_id=slot % self.num_ps,
                             member=slot // self.num_ps, master_addr=master_addr, port=port,
                             restore_from=restore_from, min_version=min_version,
-                            tls_target_name=self.tls_target_name,
+                            learning_rate=learning_rate, tls_target_name=self.tls_target_name,
                             checkpoint_dir=checkpoint_dir)
 
     def worker_config(self, worker_id, master_addr):
@@ -256,25 +257,6 @@ class JobConfig:
             overlap=(self.overlap_communication and not self.grads_to_wait
                      and not self.max_staleness),
             members=self.ensemble_members, ensemble_combiner=self.ensemble_combiner,
-        )
-
-
-def _check_tls(job):
-    """TLS settings that fit together, and TLS whenever a role binds beyond loopback."""
-    own = {"--tls-cert": job.tls_cert, "--tls-key": job.tls_key, "--tls-ca": job.tls_ca}
-    given = [flag for flag, value in own.items() if value]
-    if given and len(given) < 3:
-        missing = sorted(set(own) - set(given))
-        raise ConfigError(f"{', '.join(given)} needs {' and '.join(missing)} as well. "
-                          f"Received: {' '.join(f'{f} {own[f]}' for f in given)}")
-    if given and job.tls == "auto":
-        raise ConfigError("--tls auto makes the job's certificates; it excludes --tls-cert, "
-                          "--tls-key and --tls-ca. Received: both")
-    if not is_loopback(job.host) and job.tls == "off" and not given:
-        raise ConfigError(
-            f"--host {job.host} lets other machines reach the job's roles, which then need "
-            "TLS: add --tls auto (a certificate authority for this job alone) or your own "
-            f"--tls-cert/--tls-key/--tls-ca. Received: --host {job.host} with --tls off"
         )
 
 
@@ -331,6 +313,10 @@ class PSConfig:
         0, bound=NON_NEGATIVE,
         help="The lowest version this shard starts at, from a checkpoint or a new model (a "
         "relaunched shard: the highest it had reached), so versions never go backwards.",
+    )
+    learning_rate: float = flag(
+        -1.0, help="The learning rate the job's callbacks set, for a relaunched shard (the "
+        "master gives it); -1: the optimizer's own.",
     )
     secret_file: str = flag(
         "", help="A file only this user can read, holding the job's secret: the shard checks "

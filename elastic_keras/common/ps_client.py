@@ -316,6 +316,19 @@ class PSClient:
             except grpc.RpcError:
                 pass
 
+    def learning_rate(self, rate=None, timeout_s=None):
+        """Sets every shard's learning rate to `rate` (None: only reads); returns each
+        shard's `LearningRateResponse`, in shard order.
+
+        Raises:
+            grpc.RpcError: a shard refused (INVALID_ARGUMENT: a bad rate, or a schedule) or
+                did not answer.
+        """
+        request = pserver_pb2.LearningRateRequest(
+            **({} if rate is None else {"learning_rate": float(rate)}))
+        calls = [stub.LearningRate.future(request, timeout=timeout_s) for stub in self._stubs]
+        return [call.result() for call in calls]
+
     def save_checkpoint(self, checkpoint_id, timeout_s=None, cut=None, without_cut=False):
         """Asks every shard to save its state into checkpoint `checkpoint_id`: the directory
         `CHECKPOINT_DIR/ckpt-N` of the shard's own `--checkpoint-dir`.

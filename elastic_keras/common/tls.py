@@ -58,6 +58,30 @@ class TlsMaterial:
         return (("--tls-ca", self.ca), ("--tls-cert", self.cert), ("--tls-key", self.key))
 
 
+def check_job_settings(job):
+    """Checks a `JobConfig`'s TLS flags: settings that fit together, and TLS whenever a
+    role binds beyond loopback.
+
+    Raises:
+        ConfigError: naming the flags and what was received.
+    """
+    own = {"--tls-cert": job.tls_cert, "--tls-key": job.tls_key, "--tls-ca": job.tls_ca}
+    given = [flag for flag, value in own.items() if value]
+    if given and len(given) < 3:
+        missing = sorted(set(own) - set(given))
+        raise ConfigError(f"{', '.join(given)} needs {' and '.join(missing)} as well. "
+                          f"Received: {' '.join(f'{f} {own[f]}' for f in given)}")
+    if given and job.tls == "auto":
+        raise ConfigError("--tls auto makes the job's certificates; it excludes --tls-cert, "
+                          "--tls-key and --tls-ca. Received: both")
+    if not is_loopback(job.host) and job.tls == "off" and not given:
+        raise ConfigError(
+            f"--host {job.host} lets other machines reach the job's roles, which then need "
+            "TLS: add --tls auto (a certificate authority for this job alone) or your own "
+            f"--tls-cert/--tls-key/--tls-ca. Received: --host {job.host} with --tls off"
+        )
+
+
 def target_name(job_name):
     """The name every certificate of job `job_name`'s own CA carries."""
     safe = "".join(c if c.isalnum() or c == "-" else "-" for c in job_name.lower())

@@ -57,7 +57,19 @@ def _declared_inputs(spec, num_records):
 
 
 def export_saved_model(spec, ps_client, features, path, embedding_threshold_params):
-    """Builds the model, loads the PS's values into it and writes `model.export(path)`.
+    """Writes `model.export(path)` of `trained_model(...)`; returns the model.
+
+    Raises:
+        PSError: the PS's variables do not match the model's.
+    """
+    model = trained_model(spec, ps_client, features, embedding_threshold_params)
+    model.export(path, verbose=False)
+    logger.info("Exported the trained model to %s", path)
+    return model
+
+
+def trained_model(spec, ps_client, features, embedding_threshold_params):
+    """The module's model built on `features`, holding the parameter servers' values.
 
     Embedding tables become plain TensorFlow: a bounded table an ordinary weight (ids never
     looked up during training get their initial rows), an unbounded one a hash-table lookup
@@ -91,10 +103,8 @@ def export_saved_model(spec, ps_client, features, path, embedding_threshold_para
     for table in tables:
         ids, rows, trained = _table_rows(ps_client, table)
         load_table_rows(table, ids, rows)
-        logger.info("Table %s: %d rows exported, %d of them looked up in training",
+        logger.info("Table %s: %d rows taken, %d of them looked up in training",
                     table.name, len(ids), trained)
-    model.export(path, verbose=False)
-    logger.info("Exported the trained model to %s", path)
     return model
 
 

@@ -83,6 +83,8 @@ def print_summary(summary, stream=None):
             f"  epoch {epoch['epoch']}: {epoch['trained_at_least_once']}/{epoch['records']} "
             f"records trained, {epoch['trained_more_than_once']} more than once"
         )
+    if summary.stopped_early:
+        lines.append(f"  stopped early after epoch {summary.stopped_early} by a callback")
     for evaluation in summary.evaluations[-1:]:
         lines.append(f"  evaluation (version {evaluation['model_version']}): "
                      f"{json.dumps(evaluation['metrics'])}")

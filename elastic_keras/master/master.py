@@ -1,9 +1,9 @@
 """The master: one readable loop that runs a job from launch to summary.
 
-It lists the data, starts the parameter servers and workers through its engine, hands out
-tasks, watches the roles, evaluates, checkpoints, exports the model and writes
-`job_summary.json`. Mechanism lives elsewhere (`roles` and the engines, the task queue,
-`reports`, `evaluation`, `checkpoints`, `summary`); this file holds the policy:
+It lists the data, starts the roles through its engine, hands out tasks, watches the roles,
+evaluates, checkpoints, exports the model and writes `job_summary.json`. Mechanism lives
+elsewhere (`roles`, the engines, the task queue, `reports`, `checkpoints`, ...); this file
+holds the policy:
 
 - A worker that exits before the end (killed, crashed, preempted) has its tasks re-queued
   from their last reported record and is relaunched up to `--relaunch-on-worker-failure`
@@ -14,8 +14,8 @@ tasks, watches the roles, evaluates, checkpoints, exports the model and writes
 - A parameter server that exits is relaunched up to `--relaunch-on-ps-failure` times,
   restoring its shard from the latest complete checkpoint; workers retry through the gap
   and learn its address (on its old port where it can take it) from the master.
-- `elastic-keras scale` changes the number of workers: new ones get new ids; removed ones
-  (the highest ids) get SIGTERM, hand their task back and exit.
+- `elastic-keras scale` changes the number of workers (`scaling`).
+- The module's callbacks run at epochs (`callbacks`); one may end the job early.
 - With `--checkpoint-dir`, a checkpoint (every shard plus the `JobState`) is taken every
   `--checkpoint-steps` versions and at the end; the same command run again resumes the job.
 - Evaluate and predict run one round over their data on the restored model (an ensemble:
@@ -25,14 +25,15 @@ tasks, watches the roles, evaluates, checkpoints, exports the model and writes
 
 import collections
 import logging
+from functools import partial
 import os
-import threading
 import time
 
 from elastic_keras.common import auth, rpc
 from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.master import instance_manager, job_locator
+from elastic_keras.master.callbacks import CallbackError, JobCallbacks
 from elastic_keras.master.checkpoints import JobCheckpoints
 from elastic_keras.master.console import Console
 from elastic_keras.master.evaluation import Evaluations
@@ -40,10 +41,12 @@ from elastic_keras.master.instance_manager import ExitReason, RoleType
 from elastic_keras.master.job_state import JobState
 from elastic_keras.master.job_tls import JobTls
 from elastic_keras.master.membership import Membership
+from elastic_keras.master.export import sample_features
 from elastic_keras.master.outputs import JobOutputs
 from elastic_keras.master.reports import Reports
 from elastic_keras.master.resume import start_job
 from elastic_keras.master.roles import Roles
+from elastic_keras.master.scaling import Scaling
 from elastic_keras.master.servicer import AUTHORITY, MasterServicer
 from elastic_keras.master.summary import INTERRUPTED, RunFacts, build_summary
 from elastic_keras.master.tensorboard import EventWriter
@@ -79,8 +82,10 @@ class Master:
         self.roles = Roles(config, engine, self._secret, self._role_tls) if engine else None
         self.membership = Membership(config.num_ps * config.ensemble_members)
         self.outputs = JobOutputs(config, spec)
+        self.callbacks = JobCallbacks(spec, config)
         self.evaluations = Evaluations(spec.eval_metrics_fn, config.evaluation_steps)
         self.reports = Reports(self.membership, self.evaluations)
+        self.reports.paused = bool(self.callbacks)  # until the first epoch has begun
         self.checkpoints = JobCheckpoints(config.checkpoint_dir, config.checkpoint_steps,
                                           config.keep_checkpoint_max, config.job_name)
         self.job_finished = False    # tells roles to exit
@@ -88,24 +93,20 @@ class Master:
         self._relaunches = collections.Counter(self._earlier.relaunches)
         self._role_exits = []        # exits the loop handled, in this run
         self._error = ""
-        self._members = [""]         # the checkpoint each model's shards start from
-        self._resumed_from = ""
+        self._members, self._resumed_from = [""], ""  # each model's checkpoint; resumed one
         self._ps_client = None   # the master's own calls to the shards
-        self._scale_lock = threading.Lock()
-        self._target_workers = config.num_workers   # what `elastic-keras scale` asked for
-        self._applied_workers = config.num_workers  # what the loop has acted on
-        self._next_worker_id = config.num_workers
+        self.scaling = Scaling(config.num_workers)
         self._training_ended_at = None
         self._sample_file = ""  # a data file, for the SavedModel's input signature
+        self.stopped_early = None  # the epoch after which a callback stopped the job
 
     tasks = property(lambda self: self.reports.tasks)
     model_version = property(lambda self: self.reports.model_version)
 
     @property
     def sync_round_size(self):
-        """Pushes that close a synchronous round now (see `HeartbeatResponse`): at most
-        `--grads-to-wait`, and no more than the workers alive (started, not leaving) that
-        have training work, running or waiting to be handed out."""
+        """Pushes that close a synchronous round now (`HeartbeatResponse`): at most
+        `--grads-to-wait` and the workers alive with training work running or waiting."""
         if self.tasks is None or self.roles is None:
             return self.config.grads_to_wait
         waiting, running = self.tasks.training_load()
@@ -122,10 +123,7 @@ class Master:
 
     def scale(self, num_workers):
         """Sets the number of workers from now on; returns (previous target, running)."""
-        with self._scale_lock:
-            previous, self._target_workers = self._target_workers, num_workers
-        logger.info("Scale request: %d -> %d workers", previous, num_workers)
-        return previous, self.roles.count(RoleType.WORKER)
+        return self.scaling.request(num_workers, self.roles)
 
     # -- the job -------------------------------------------------------------------------------
 
@@ -139,13 +137,18 @@ class Master:
             self.roles = Roles(self.config, instance_manager.create(
                 self.config.engine, self.config, on_line=self.console.role_line),
                 self._secret, self._role_tls)
-        if self.config.output:
-            self.evaluations.events = EventWriter(os.path.join(self.config.output,
-                                                               "tensorboard"))
+        if self.config.output or self.callbacks.log_dir:
+            self.evaluations.events = EventWriter(
+                self.callbacks.log_dir or os.path.join(self.config.output, "tensorboard"))
         try:
             server = self._serve()
             if self._launch() and self.outputs.runs_workers:
+                self._run_callbacks(lambda: self.callbacks.begin(self._ps_client, partial(
+                    sample_features, self.spec, self._sample_file,
+                    self.config.index_cache_dir), self.tasks, self.reports))
                 self._loop()
+                if not self._error and not self.tasks.failed:
+                    self._run_callbacks(lambda: self.callbacks.train_end({}))
             self._training_ended_at = time.time()
             self._finish()
         except KeyboardInterrupt:
@@ -193,12 +196,9 @@ class Master:
 
     def _launch(self):
         """Starts every role, then waits for the parameter servers to register; returns
-        whether the job can go on (if not, `_error` says why).
-
-        A role that exits meanwhile (killed, or its machine lost) is handled as during
-        training: relaunched within its budget. Workers learn the shards' addresses only
-        once all have registered, so a shard relaunched before that may take a new port.
-        """
+        whether the job can go on (if not, `_error` says why). A role that exits meanwhile
+        is handled as during training; workers learn the shards' addresses only once all
+        have registered, so a shard relaunched before that may take a new port."""
         for slot in range(self.membership.num_ps):
             self.roles.start_ps(slot, restore_from=self._members[slot // self.config.num_ps])
         for worker_id in range(self.config.num_workers if self.outputs.runs_workers else 0):
@@ -228,7 +228,7 @@ class Master:
                 return
             # A relaunched shard (of the first member: the others are the workers' only).
             self._ps_client.readdress(self.membership.ps_addresses()[1][:self.config.num_ps])
-            self._apply_scale()
+            self.scaling.apply(self.roles, self.reports.no_more_tasks)
             self._error = watch(self.config, self.membership, tasks, self.roles)
             epoch = tasks.epoch_finished()
             if epoch is not None:
@@ -236,7 +236,7 @@ class Master:
                     logger.info("Epoch %d trained (model version %d)", epoch + 1,
                                 self.model_version)
                 if not tasks.start_evaluation(self.model_version):
-                    tasks.next_epoch()
+                    self._run_callbacks(self._next_epoch)
             elif (self.evaluations.due(self.model_version)
                   and tasks.start_evaluation(self.model_version, end_of_epoch=False)):
                 self.evaluations.started(self.model_version)
@@ -244,7 +244,7 @@ class Master:
             if finished_round is not None:
                 self.outputs.round_closed(finished_round, self.evaluations)
                 if finished_round.end_of_epoch:
-                    tasks.next_epoch()
+                    self._run_callbacks(self._next_epoch)
             if tasks.finished:
                 self._error = tasks.error
                 return
@@ -254,6 +254,18 @@ class Master:
                 self._checkpoint()
             self.reports.show(self.console, self.config, self.evaluations.events)
             time.sleep(_TICK_S)
+
+    # -- epochs and callbacks ----------------------------------------------------------------
+
+    def _run_callbacks(self, step):
+        try:
+            step()
+        except CallbackError as exc:
+            self._error = self._error or f"a callback failed: {exc}"
+
+    def _next_epoch(self):
+        self.stopped_early = self.callbacks.next_epoch(self.tasks, self.reports.throughput,
+                                                       self.evaluations.results)
 
     # -- policy: relaunch, scale, give up ----------------------------------------------------
 
@@ -309,7 +321,8 @@ class Master:
         member = self._members[role.index // self.config.num_ps]
         restore = (self.checkpoints.latest() or member) if self.outputs.trains else member
         # Its version goes on from the highest it reported, not back to the checkpoint's.
-        self.roles.start_ps(role.index, port, restore, self.membership.ps_version(role.index))
+        self.roles.start_ps(role.index, port, restore, self.membership.ps_version(role.index),
+                            _or_unset(self.callbacks.model.optimizer.set_rate))
         logger.warning(
             "%s %s; relaunched it (%d of %d)%s, %s. Workers wait for it.", role,
             exit_.describe(), self._relaunches[role.name], budget,
@@ -318,23 +331,6 @@ class Master:
             "with no checkpoint to restore: workers re-initialise its dense variables from "
             "their copies, and its embedding rows start again from their initial values",
         )
-
-    def _apply_scale(self):
-        """Acts on an `elastic-keras scale` request: starts or stops workers."""
-        with self._scale_lock:
-            target = self._target_workers
-        change, self._applied_workers = target - self._applied_workers, target
-        if change > 0 and not self.reports.no_more_tasks:
-            for _ in range(change):
-                worker_id, self._next_worker_id = self._next_worker_id, self._next_worker_id + 1
-                self.roles.start_worker(worker_id)
-                logger.info("Scaled up: started worker-%d", worker_id)
-        elif change < 0:
-            active = self.roles.workers()
-            for worker_id in active[len(active) + change:] if len(active) > 1 else ():
-                self.roles.leave(worker_id)
-                logger.info("Scaled down: asked worker-%d to hand its task back and leave",
-                            worker_id)
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -352,9 +348,8 @@ class Master:
         )
 
     def _checkpoint(self, finished=False):
-        """Snapshots the job state, then has every shard save (see `master/checkpoints`)."""
-        # Only a worker on a training task may have a push in flight: a task ends after its
-        # pushes have landed.
+        """Snapshots the job state, then has every shard save (see `master/checkpoints`);
+        only workers on a training task may have a push in flight."""
         self.checkpoints.save(self._ps_client, self._job_state(finished),
                               self.tasks.training_workers())
 
@@ -387,14 +382,18 @@ class Master:
         self.console.close()
 
     def _summary(self, started):
-        with self._scale_lock:
-            num_workers = self._target_workers
+        num_workers = self.scaling.target
         run = RunFacts(error=self._error, started=started,
                        training_started=self.reports.first_task_at,
                        training_ended=self._training_ended_at,
                        records=self.reports.throughput.records, num_workers=num_workers,
                        resumed_from=self._resumed_from, pushes=self.reports.pushes.by_worker(),
                        skipped=self.reports.skipped_minibatches(),
-                       outputs=self.outputs.summary(self.reports))
+                       outputs=self.outputs.summary(self.reports),
+                       stopped_early=self.stopped_early)
         return build_summary(self.config, run, self._job_state(), self.tasks, self.membership,
                              self.checkpoints)
+
+
+def _or_unset(rate):
+    return -1.0 if rate is None else rate

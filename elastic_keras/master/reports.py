@@ -39,6 +39,7 @@ class Reports:
     def __init__(self, membership, evaluations):
         self.tasks = None
         self.no_more_tasks = False  # tells workers to exit
+        self.paused = False  # no task goes out (the callbacks have not begun the epoch)
         self.membership = membership
         self.evaluations = evaluations
         self.throughput = Throughput()
@@ -70,7 +71,7 @@ class Reports:
         lost, or it is another launch's), so it is re-queued from the last record reported,
         as a lost worker's would be. No worker holds more than one task.
         """
-        if self.tasks is None or self.no_more_tasks:
+        if self.tasks is None or self.no_more_tasks or self.paused:
             return None
         held = self.tasks.recover_worker(worker_id)
         if held:

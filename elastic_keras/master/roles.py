@@ -37,8 +37,8 @@ class Roles:
         self._incarnations = {}   # worker id -> its current launch (0 first)
         self._lock = threading.Lock()
 
-    def start_ps(self, ps_id, port=0, restore_from="", min_version=0):
-        self.engine.start(self.ps_spec(ps_id, port, restore_from, min_version))
+    def start_ps(self, ps_id, port=0, restore_from="", min_version=0, learning_rate=-1.0):
+        self.engine.start(self.ps_spec(ps_id, port, restore_from, min_version, learning_rate))
 
     def start_worker(self, worker_id):
         with self._lock:
@@ -46,10 +46,10 @@ class Roles:
             self._incarnations[worker_id] = incarnation
         self.engine.start(self.worker_spec(worker_id, incarnation))
 
-    def ps_spec(self, ps_id, port=0, restore_from="", min_version=0):
+    def ps_spec(self, ps_id, port=0, restore_from="", min_version=0, learning_rate=-1.0):
         """The `RoleSpec` of parameter server `ps_id`."""
         config = self.config.ps_config(ps_id, self.master_address, port, restore_from,
-                                       min_version)
+                                       min_version, learning_rate)
         role = RoleId(RoleType.PS, ps_id)
         return RoleSpec(role, "elastic_keras.ps", tuple(to_argv(config)),
                         files=(("--secret-file", self._secret),) + self._tls_files(role),

@@ -53,6 +53,8 @@ class JobSummary:
     # evaluate, predict, export: "checkpoints" (one per ensemble member), "records"
     # evaluated or predicted, and where predictions went ("predictions")
     outputs: dict = dataclasses.field(default_factory=dict)
+    # The epoch after which a callback (EarlyStopping) ended the job, or None
+    stopped_early: "int | None" = None
 
     def to_dict(self):
         data = dataclasses.asdict(self)
@@ -79,6 +81,7 @@ class RunFacts:
         pushes: minibatches and dropped pushes per worker (`PushAccount.by_worker`).
         skipped: `Reports.skipped_minibatches()`: ({reason: n}, {worker: {reason: n}}).
         outputs: `JobOutputs.summary()`.
+        stopped_early: the epoch after which a callback ended the job (1-based), or None.
     """
 
     error: str
@@ -91,6 +94,7 @@ class RunFacts:
     pushes: dict
     skipped: tuple = ({}, {})
     outputs: dict = dataclasses.field(default_factory=dict)
+    stopped_early: "int | None" = None
 
 
 def duplicates_bound(config):
@@ -135,6 +139,8 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
     bound = duplicates_bound(config)
     trains = config.job_type == "train"
     epochs = epoch_records(tasks, bound) if trains else []
+    if run.stopped_early:  # the epochs after it were never meant to run
+        epochs = epochs[:run.stopped_early]
     error = run.error or (tasks.error if tasks else "")
     status = JobStatus.FAILED if error or tasks is None else JobStatus.SUCCEEDED
     if status == JobStatus.SUCCEEDED and any(e["trained_never"] for e in epochs):
@@ -174,5 +180,5 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
         pushes={"by_worker": run.pushes, "applied_by_shard": membership.applied_pushes(),
                 "skipped_by_worker": run.skipped[1]},
         skipped_minibatches=run.skipped[0],
-        job_type=config.job_type, outputs=run.outputs,
+        job_type=config.job_type, outputs=run.outputs, stopped_early=run.stopped_early,
     )

@@ -327,10 +327,11 @@ class TaskManager:
             evaluating = self._doing.of_type(self._rounds.task_type)
             return self._rounds.finish(evaluating, self._training_complete_locked())
 
-    def next_epoch(self):
-        """Starts the next epoch's training, or ends the job after the last one."""
+    def next_epoch(self, stop=False):
+        """Starts the next epoch's training, or ends the job after the last one (`stop`:
+        after this one, the later epochs left out)."""
         with self._lock:
-            if self.epoch + 1 < self.num_epochs:
+            if self.epoch + 1 < self.num_epochs and not stop:
                 self._start_epoch(self.epoch + 1)
             else:
                 self.epoch = self.num_epochs

@@ -16,6 +16,7 @@ class Throughput:
         self.loss = None
         self.records = 0
         self._first = None
+        self._epoch = [0.0, 0]  # loss x records, records: since `take_epoch_loss`
 
     def add(self, records, loss=None):
         """Adds `records` newly trained examples and their mean `loss`."""
@@ -28,6 +29,17 @@ class Throughput:
                 self.records += records
             if loss is not None and math.isfinite(loss):  # a NaN or Inf says nothing
                 self.loss = loss if self.loss is None else 0.8 * self.loss + 0.2 * loss
+                if records > 0:
+                    self._epoch[0] += loss * records
+                    self._epoch[1] += records
+
+    def take_epoch_loss(self):
+        """The mean training loss over the records added since the last call (None: none),
+        and starts counting anew."""
+        with self._lock:
+            total, records = self._epoch
+            self._epoch = [0.0, 0]
+        return total / records if records else None
 
     def examples_per_second(self):
         now = time.monotonic()

@@ -209,6 +209,22 @@ class ReleaseCheckpointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LearningRateRequest(_message.Message):
+    __slots__ = ("learning_rate",)
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    learning_rate: float
+    def __init__(self, learning_rate: _Optional[float] = ...) -> None: ...
+
+class LearningRateResponse(_message.Message):
+    __slots__ = ("initialized", "learning_rate", "schedule")
+    INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    initialized: bool
+    learning_rate: float
+    schedule: bool
+    def __init__(self, initialized: _Optional[bool] = ..., learning_rate: _Optional[float] = ..., schedule: _Optional[bool] = ...) -> None: ...
+
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("num_ps", "checkpoint_id", "cut", "without_cut")
     class CutEntry(_message.Message):

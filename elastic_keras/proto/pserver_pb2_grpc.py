@@ -85,6 +85,11 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointRequest.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointResponse.FromString,
                 _registered_method=True)
+        self.LearningRate = channel.unary_unary(
+                '/elastic_keras.PServer/LearningRate',
+                request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.LearningRateRequest.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.LearningRateResponse.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -152,6 +157,12 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LearningRate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +215,11 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.ReleaseCheckpoint,
                     request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointRequest.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointResponse.SerializeToString,
+            ),
+            'LearningRate': grpc.unary_unary_rpc_method_handler(
+                    servicer.LearningRate,
+                    request_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.LearningRateRequest.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.LearningRateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +492,33 @@ class PServer:
             '/elastic_keras.PServer/ReleaseCheckpoint',
             elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointRequest.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.ReleaseCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LearningRate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_keras.PServer/LearningRate',
+            elastic__keras_dot_proto_dot_pserver__pb2.LearningRateRequest.SerializeToString,
+            elastic__keras_dot_proto_dot_pserver__pb2.LearningRateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -87,7 +87,8 @@ def run(config, stop):
     except ConfigError as exc:
         logger.error("Cannot start: %s (the master's engine passes these files)", exc)
         return RoleExitCode.BAD_INPUT
-    parameters = Parameters(policy, config.min_version, config.limits)
+    parameters = Parameters(policy, config.min_version, config.limits,
+                            None if config.learning_rate < 0 else config.learning_rate)
     if config.restore_from and not _restore(config, parameters):
         return RoleExitCode.BAD_INPUT
     transfer = config.transfer

@@ -142,6 +142,7 @@ class OptimizerApplier:
                 var_list=[self._variables[name] for name in excluded_from_weight_decay])
         # Staleness modulation scales one update's learning rate through this factor.
         self._lr_scale = tf.Variable(1.0, trainable=False, name="lr_scale")
+        self._base_rate = optimizer._learning_rate  # a variable, or a schedule
         optimizer.learning_rate = _ScaledLearningRate(optimizer._learning_rate, self._lr_scale)
         self._slots = _build_recording_slots(optimizer, self._variables)
         slot_ids = {id(v) for v in self._slots.values()} | {id(optimizer.iterations)}
@@ -152,6 +153,11 @@ class OptimizerApplier:
         }
         self._compiled = {}
         self._warned_cache_full = False
+
+    def set_learning_rate(self, rate):
+        """Assigns the optimizer's learning-rate variable (a float rate's; see
+        `ps.learning_rate`): compiled updates read it."""
+        self._base_rate.assign(rate)
 
     @property
     def traces(self):

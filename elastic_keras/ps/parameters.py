@@ -49,6 +49,7 @@ from elastic_keras.ps.checkpoint_hold import PushGate
 from elastic_keras.ps.consistency import (
     StalenessStats, SyncRound, UpdatePolicy, check_push_version,
 )
+from elastic_keras.ps.learning_rate import LearningRateMixin
 from elastic_keras.ps.shard_model import build_model, with_options
 from elastic_keras.ps.shard_snapshots import SnapshotMixin
 from elastic_keras.ps.shard_types import (
@@ -57,7 +58,7 @@ from elastic_keras.ps.shard_types import (
 from elastic_keras.ps.updates import PreparedUpdate, check_sizes, non_finite, non_finite_error
 
 
-class Parameters(SnapshotMixin):
+class Parameters(SnapshotMixin, LearningRateMixin):
     """The model, model version and applied sequences of one parameter-server shard.
 
     Thread-safe: checking and casting a push happen outside the lock; applying it, pulls'
@@ -75,8 +76,10 @@ class Parameters(SnapshotMixin):
         limits: the `PayloadLimits` requests are checked against.
     """
 
-    def __init__(self, policy=UpdatePolicy(), min_version=0, limits=PayloadLimits()):
+    def __init__(self, policy=UpdatePolicy(), min_version=0, limits=PayloadLimits(),
+                 learning_rate=None):
         self.policy = policy
+        self._learning_rate = learning_rate  # set by the master; applied to every model
         self.limits = limits
         self.non_finite_pushes = 0  # pushes holding NaN or Inf, refused or skipped
         self._min_version = min_version
@@ -154,7 +157,7 @@ class Parameters(SnapshotMixin):
                     self._model = with_options(self._model, model.variable_options)
                     self._options_pending = False
                 return InitResult(initialized_now=False, model_version=self._version)
-            self._model = model
+            self._model = self._with_set_rate(model)
             self._version = self._min_version
             return InitResult(initialized_now=True, model_version=self._version)
 

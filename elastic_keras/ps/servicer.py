@@ -70,6 +70,7 @@ AUTHORITY = {
     "PrepareCheckpoint": {auth.Role.MASTER},
     "SaveCheckpoint": {auth.Role.MASTER},
     "ReleaseCheckpoint": {auth.Role.MASTER},
+    "LearningRate": {auth.Role.MASTER},
 }
 
 
@@ -261,6 +262,17 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
     def ReleaseCheckpoint(self, request, context):
         self._parameters.release_checkpoint(request.checkpoint_id)
         return pserver_pb2.ReleaseCheckpointResponse()
+
+    def LearningRate(self, request, context):
+        with _abort_on_domain_errors(context, "LearningRate"):
+            if request.HasField("learning_rate"):
+                self._parameters.set_learning_rate(request.learning_rate)
+                logger.info("Learning rate set to %g", request.learning_rate)
+        rate = self._parameters.learning_rate
+        initialized = self._parameters.initialized
+        return pserver_pb2.LearningRateResponse(
+            initialized=initialized, schedule=initialized and rate is None,
+            **({} if rate is None else {"learning_rate": rate}))
 
     def SaveCheckpoint(self, request, context):
         last_request, last_response = self._last_save

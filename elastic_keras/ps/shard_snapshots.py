@@ -18,7 +18,7 @@ class SnapshotMixin:
 
     Uses the shard's `_lock`, `_version_changed`, `_gate`, `_model`, `_version`,
     `_min_version`, `_steps`, `_applied_sequence`, `_applied_pushes`, `_options_pending`,
-    `_round`, `_require_model` and `_close_round`.
+    `_round`, `_require_model`, `_close_round` and `_with_set_rate`.
     """
 
     def restore(self, snapshot):
@@ -42,7 +42,7 @@ class SnapshotMixin:
         with self._lock:
             if self._model is not None:
                 raise PSError("restore needs an empty shard: InitModel came first.")
-            self._model = model
+            self._model = self._with_set_rate(model)
             self._version = max(snapshot.version, self._min_version)
             self._steps = (snapshot.version if snapshot.table_steps is None
                            else snapshot.table_steps)

@@ -70,6 +70,10 @@ class SparseOptimizer(abc.ABC):
             )
         return 0.0
 
+    def set_learning_rate(self, rate):
+        """Uses the float `rate` from now on (see `ps.learning_rate`)."""
+        self._learning_rate = float(rate)
+
     def learning_rate(self, step):
         """The learning rate used at `step` (1-based), rounded to float32 as Keras keeps it."""
         if not callable(self._learning_rate):

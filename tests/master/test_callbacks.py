@@ -1,0 +1,116 @@
+"""Which callbacks a job runs and which it refuses when the module is checked, and what the
+master hands them at an epoch's end."""
+
+import textwrap
+
+import keras
+import pytest
+
+from elastic_keras import cli
+from elastic_keras.common import config as config_lib
+from elastic_keras.common.errors import ModelSpecError
+from elastic_keras.common.model_spec import load_model_spec
+from elastic_keras.master.callbacks import CallbackError, JobCallbacks
+from elastic_keras.master.task_manager import TaskManager
+from elastic_keras.master.throughput import Throughput
+
+MODULE = """
+import keras
+from model_zoo.mnist.mnist_functional import custom_model, dataset_fn, loss
+
+
+def optimizer():
+    return keras.optimizers.{optimizer}
+
+
+def eval_metrics_fn():
+    return {{"accuracy": keras.metrics.SparseCategoricalAccuracy(), "mae": lambda y, p: p}}
+
+
+def callbacks():
+    return [{callbacks}]
+"""
+
+
+def _job(tmp_path, callbacks, optimizer="SGD(0.1)", validation=True):
+    path = tmp_path / "module.py"
+    path.write_text(textwrap.dedent(MODULE.format(callbacks=callbacks, optimizer=optimizer)))
+    spec = load_model_spec(str(tmp_path), str(path))
+    flags = ["train", "--model-def", str(path), "--training-data", "t"]
+    config = config_lib.from_namespace(config_lib.JobConfig, cli.build_parser().parse_args(
+        flags + (["--validation-data", "v"] if validation else [])))
+    return JobCallbacks(spec, config)
+
+
+@pytest.mark.parametrize("callbacks, message", [
+    ("keras.callbacks.TerminateOnNaN()", "TerminateOnNaN, which a job cannot run: use "
+                                         "--on-non-finite-loss fail"),
+    ("keras.callbacks.BackupAndRestore('/tmp/b')", "resumes from its --checkpoint-dir"),
+    ("keras.callbacks.EarlyStopping(monitor='val_accuracy', restore_best_weights=True)",
+     "restore_best_weights=True"),
+    ("keras.callbacks.EarlyStopping(monitor='val_auc')",
+     "monitors 'val_auc', which this job does not log. Logged: loss, val_accuracy, val_mae"),
+    ("keras.callbacks.EarlyStopping(monitor='val_mae')", "pass mode='max' or mode='min'"),
+    ("keras.callbacks.ModelCheckpoint('/tmp/m.keras', save_freq=10)", "save_freq=10"),
+    ("'not a callback'", "must return keras.callbacks.Callback instances"),
+])
+def test_callbacks_a_job_cannot_honour_are_refused_by_name(tmp_path, callbacks, message):
+    with pytest.raises(ModelSpecError) as raised:
+        _job(tmp_path, callbacks)
+    assert message in str(raised.value)
+
+
+def test_a_learning_rate_callback_needs_a_settable_rate(tmp_path):
+    with pytest.raises(ModelSpecError, match="has a schedule as its learning rate"):
+        _job(tmp_path, "keras.callbacks.ReduceLROnPlateau(monitor='loss')",
+             optimizer="SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5))")
+
+
+def test_val_metrics_need_validation_data(tmp_path):
+    with pytest.raises(ModelSpecError, match="Logged: loss \\("):
+        _job(tmp_path, "keras.callbacks.EarlyStopping(monitor='val_accuracy')",
+             validation=False)
+
+
+def test_auto_mode_follows_the_metrics_direction_and_tensorboard_gives_its_dir(tmp_path):
+    job = _job(tmp_path, "keras.callbacks.EarlyStopping(monitor='val_accuracy'), "
+                         "keras.callbacks.TensorBoard(log_dir='/tmp/tb-here')")
+    assert job._callbacks[0].mode == "max" and job.log_dir == "/tmp/tb-here"
+    assert len(job._callbacks) == 1  # TensorBoard's own hooks do not run
+
+
+class _Recorder(keras.callbacks.Callback):
+    def __init__(self, fail=False):
+        super().__init__()
+        self.seen, self.fail = [], fail
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.fail:
+            raise OSError("cannot write")
+        self.seen.append((epoch, dict(logs)))
+        if epoch == 1:
+            self.model.stop_training = True
+
+
+def test_epoch_end_gets_fits_logs_and_a_stop_ends_the_job_after_that_epoch(tmp_path):
+    job = _job(tmp_path, "")
+    recorder = _Recorder()
+    recorder.set_model(job.model)
+    job._callbacks = [recorder]
+    tasks, throughput = TaskManager([("a", 4)], 4, 3, 0), Throughput()
+    evaluations = [{"epoch": 1, "model_version": 3, "end_of_epoch": True,
+                    "metrics": {"accuracy": 0.5}}]
+    for epoch, loss in enumerate((2.0, 1.0)):
+        task = tasks.get(0)
+        tasks.report_result(task.task_id, 4)
+        throughput.add(4, loss)
+        stopped = job.next_epoch(tasks, throughput, evaluations)
+    assert recorder.seen == [(0, {"loss": 2.0, "val_accuracy": 0.5}), (1, {"loss": 1.0})]
+    assert stopped == 2 and tasks.finished
+
+
+def test_a_callback_that_raises_is_named(tmp_path):
+    job = _job(tmp_path, "")
+    job._callbacks = [_Recorder(fail=True)]
+    with pytest.raises(CallbackError, match="_Recorder.on_epoch_end raised OSError: cannot"):
+        job.next_epoch(TaskManager([("a", 4)], 4, 1, 0), Throughput(), [])
