@@ -1,5 +1,5 @@
 """`elastic-keras`: train a model-zoo module; evaluate, predict with or export a checkpoint;
-scale a running job; convert data.
+scale a running job or show its status; convert data.
 
 Exit codes: 0 the job succeeded (scale: the master took the request); 1 it failed (scale:
 the master could not be reached); 2 bad flags, model module, data or checkpoint directory
@@ -49,6 +49,17 @@ def build_parser():
                        help="The master's address (default: the one its master recorded on "
                        "this machine, with the job's credential).")
     scale.set_defaults(func=_run_scale)
+    status = commands.add_parser(
+        "status", help="Show a running job's status.",
+        description="Print a running job's progress, workers, parameter servers, last "
+        "evaluation and recent failures: what its status page shows.",
+    )
+    status.add_argument("--job-name", required=True, help="The --job-name of the running job.")
+    status.add_argument("--json", action="store_true", help="Print the status as JSON.")
+    status.add_argument("--url", default="", metavar="URL",
+                        help="The job's status page (default: the one its master recorded "
+                        "on this machine).")
+    status.set_defaults(func=_run_status)
     data_command.register(commands)
     return parser
 
@@ -111,6 +122,35 @@ def _run_scale(args):
     print(f"Job {answer.job_name}: workers {answer.previous_num_workers} -> "
           f"{answer.num_workers} ({answer.running_workers} running before the change)",
           file=sys.stderr)
+    return 0
+
+
+def _run_status(args):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from elastic_keras.master import job_locator
+    from elastic_keras.master.status_text import format_status
+
+    url = args.url
+    if not url:
+        try:
+            url = job_locator.find(args.job_name).get("status_url", "")
+        except ConfigError as exc:
+            print(f"elastic-keras status: error: {exc}", file=sys.stderr)
+            return 2
+        if not url:
+            print(f"elastic-keras status: error: the master of {args.job_name!r} serves no "
+                  "status page (--no-status-page, or its port was taken)", file=sys.stderr)
+            return 2
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/status.json", timeout=10) as answer:
+            snapshot = json.load(answer)
+    except (OSError, ValueError) as exc:
+        print(f"elastic-keras status: error: {url} did not answer: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
     return 0
 
 

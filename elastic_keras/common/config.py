@@ -173,6 +173,12 @@ class JobConfig:
         "", help="The address roles reach the master at (on Kubernetes its pod's IP); "
         "default: --host, or this machine's address when --host is 0.0.0.0."
     )
+    status_page: bool = flag(
+        True, help="Serve the job's status page, /status.json and /metrics on 127.0.0.1 "
+        "(the address is printed at the start; `elastic-keras status` reads it)."
+    )
+    status_port: int = flag(0, bound=NON_NEGATIVE,
+                            help="The status page's port; 0 picks a free one.")
     engine: str = flag(
         "local", help="What runs the parameter servers and workers: local (subprocesses of "
         "the master, on this machine), kubernetes (pods) or ray (actors).",

@@ -48,10 +48,11 @@ def _alive(pid):
     return True
 
 
-def register(job_name, address, home="", credential="", tls=None):
+def register(job_name, address, home="", credential="", tls=None, status_url=""):
     """Records that this process runs the master of `job_name` at `address`, with the
     `credential` its commands (`elastic-keras scale`) call it with and their `tls` material
-    (a `TlsMaterial`) when the job runs TLS, in a file only this user can read.
+    (a `TlsMaterial`) when the job runs TLS, and its status page's `status_url` (for
+    `elastic-keras status`), in a file only this user can read.
 
     Never fails the job: an unwritable locator only loses `elastic-keras scale` by name.
     """
@@ -68,6 +69,7 @@ def register(job_name, address, home="", credential="", tls=None):
         with atomic_write(path, "w", private=True) as f:
             json.dump({"job_name": job_name, "address": address, "pid": os.getpid(),
                        "started": time.time(), "credential": credential,
+                       "status_url": status_url,
                        "tls": tls and {"ca": tls.ca.decode(), "cert": tls.cert.decode(),
                                        "key": tls.key.decode(),
                                        "target_name": tls.target_name}}, f)

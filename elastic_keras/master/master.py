@@ -5,15 +5,9 @@ evaluates, checkpoints, exports the model and writes `job_summary.json`. Mechani
 elsewhere (`roles`, the engines, the task queue, `reports`, `checkpoints`, ...); this file
 holds the policy:
 
-- A worker that exits before the end (killed, crashed, preempted) has its tasks re-queued
-  from their last reported record and is relaunched up to `--relaunch-on-worker-failure`
-  times (a preemption the engine reports as such does not count: it is not the worker's
-  failure); past that the job carries on with the workers it has, and fails only when none
-  is left. A worker silent for `--worker-heartbeat-timeout` seconds, or holding a task past the
-  adaptive task timeout, is killed and handled the same way.
-- A parameter server that exits is relaunched up to `--relaunch-on-ps-failure` times,
-  restoring its shard from the latest complete checkpoint; workers retry through the gap
-  and learn its address (on its old port where it can take it) from the master.
+- A role that exits before the end is relaunched, its tasks re-queued, or the job given up
+  (`relaunch`). A worker silent for `--worker-heartbeat-timeout` seconds, or holding a task
+  past the adaptive task timeout, is killed and handled the same way.
 - `elastic-keras scale` changes the number of workers (`scaling`).
 - The module's callbacks run at epochs (`callbacks`); one may end the job early.
 - With `--checkpoint-dir`, a checkpoint (every shard plus the `JobState`) is taken every
@@ -23,7 +17,6 @@ holds the policy:
   What each job type leaves behind is `outputs`'.
 """
 
-import collections
 import logging
 from functools import partial
 import os
@@ -37,17 +30,20 @@ from elastic_keras.master.callbacks import CallbackError, JobCallbacks
 from elastic_keras.master.checkpoints import JobCheckpoints
 from elastic_keras.master.console import Console
 from elastic_keras.master.evaluation import Evaluations
-from elastic_keras.master.instance_manager import ExitReason, RoleType
+from elastic_keras.master.instance_manager import RoleType
 from elastic_keras.master.job_state import JobState
 from elastic_keras.master.job_tls import JobTls
 from elastic_keras.master.membership import Membership
 from elastic_keras.master.export import sample_features
 from elastic_keras.master.outputs import JobOutputs
+from elastic_keras.master.relaunch import RoleExitPolicy
 from elastic_keras.master.reports import Reports
 from elastic_keras.master.resume import start_job
 from elastic_keras.master.roles import Roles
 from elastic_keras.master.scaling import Scaling
 from elastic_keras.master.servicer import AUTHORITY, MasterServicer
+from elastic_keras.master.status_server import start_status_page
+from elastic_keras.master.status_view import StatusView
 from elastic_keras.master.summary import INTERRUPTED, RunFacts, build_summary
 from elastic_keras.master.tensorboard import EventWriter
 from elastic_keras.master.watchdog import watch
@@ -90,15 +86,16 @@ class Master:
                                           config.keep_checkpoint_max, config.job_name)
         self.job_finished = False    # tells roles to exit
         self._earlier = JobState(config.job_name, tasks={})  # earlier runs of a resumed job
-        self._relaunches = collections.Counter(self._earlier.relaunches)
-        self._role_exits = []        # exits the loop handled, in this run
+        self.role_exits = RoleExitPolicy(self)  # relaunch, re-queue, give up
         self._error = ""
-        self._members, self._resumed_from = [""], ""  # each model's checkpoint; resumed one
+        self.members, self._resumed_from = [""], ""  # each model's checkpoint; resumed one
         self._ps_client = None   # the master's own calls to the shards
         self.scaling = Scaling(config.num_workers)
         self._training_ended_at = None
         self._sample_file = ""  # a data file, for the SavedModel's input signature
         self.stopped_early = None  # the epoch after which a callback stopped the job
+        self.status = StatusView(self)  # what the status page shows
+        self._status_page = None
 
     tasks = property(lambda self: self.reports.tasks)
     model_version = property(lambda self: self.reports.model_version)
@@ -171,8 +168,8 @@ class Master:
     def _start(self, start):
         self.reports.tasks = start.tasks
         self._earlier = start.earlier
-        self._relaunches.update(start.earlier.relaunches)
-        self._members, self._resumed_from = start.members, start.resumed_from
+        self.role_exits.counts.update(start.earlier.relaunches)
+        self.members, self._resumed_from = start.members, start.resumed_from
         self._sample_file = start.sample_file
         self.outputs.start(start, self.reports)
         if start.resumed_from:
@@ -188,9 +185,11 @@ class Master:
         )
         self.roles.master_address = rpc.advertised_address(self.config.host, port,
                                                            self.config.advertise_host)
+        self._status_page = start_status_page(self.status, self.config)
         job_locator.register(self.config.job_name, self.roles.master_address,
                              credential=self._token(auth.Role.CLIENT),
-                             tls=self._role_tls("client"))
+                             tls=self._role_tls("client"),
+                             status_url=getattr(self._status_page, "url", ""))
         logger.info("Job %s: master at %s", self.config.job_name, self.roles.master_address)
         return server
 
@@ -200,13 +199,12 @@ class Master:
         is handled as during training; workers learn the shards' addresses only once all
         have registered, so a shard relaunched before that may take a new port."""
         for slot in range(self.membership.num_ps):
-            self.roles.start_ps(slot, restore_from=self._members[slot // self.config.num_ps])
+            self.roles.start_ps(slot, restore_from=self.members[slot // self.config.num_ps])
         for worker_id in range(self.config.num_workers if self.outputs.runs_workers else 0):
             self.roles.start_worker(worker_id)
         deadline = time.monotonic() + PS_REGISTRATION_TIMEOUT_S
         while not self.membership.ps_addresses()[0]:
-            for exit_ in self.roles.poll():
-                self._on_role_exit(exit_)
+            self._handle_exits()
             if self._error:
                 return False
             if time.monotonic() > deadline:
@@ -221,8 +219,7 @@ class Master:
     def _loop(self):
         tasks = self.tasks
         while True:
-            for exit_ in self.roles.poll():
-                self._on_role_exit(exit_)
+            self._handle_exits()
             self._error = self._error or self.outputs.error
             if self._error:
                 return
@@ -253,6 +250,7 @@ class Master:
                     and self.membership.shards_answering(CHECKPOINT_SILENCE_S)):
                 self._checkpoint()
             self.reports.show(self.console, self.config, self.evaluations.events)
+            self.status.sample()
             time.sleep(_TICK_S)
 
     # -- epochs and callbacks ----------------------------------------------------------------
@@ -267,82 +265,21 @@ class Master:
         self.stopped_early = self.callbacks.next_epoch(self.tasks, self.reports.throughput,
                                                        self.evaluations.results)
 
-    # -- policy: relaunch, scale, give up ----------------------------------------------------
-
-    def _on_role_exit(self, exit_):
-        role = exit_.role
-        if role.type == RoleType.WORKER and role.index in self.roles.leaving:
-            self.roles.leaving.discard(role.index)
-            self.membership.forget_worker(role.index)
-            lost = self.tasks.recover_worker(role.index)
-            logger.info("%s left the job (%s)%s", role, exit_.describe(),
-                        f"; {lost} of its tasks re-queued" if lost else "")
-            return
-        if self.reports.no_more_tasks and exit_.succeeded:
-            return
-        self._role_exits.append(exit_)
-        if role.type == RoleType.PS:
-            self._on_ps_exit(exit_)
-        else:
-            self._on_worker_exit(exit_)
-
-    def _on_worker_exit(self, exit_):
-        role = exit_.role
-        self.membership.forget_worker(role.index)
-        lost = self.tasks.recover_worker(role.index)
-        how = "left without being asked (preempted?)" if exit_.succeeded else exit_.describe()
-        budget = self.config.relaunch_on_worker_failure
-        if exit_.reason == ExitReason.PREEMPTED:  # the cluster's doing: not a failure
-            self.roles.start_worker(role.index)
-            logger.warning("%s %s; %d of its tasks re-queued; relaunched it", role, how, lost)
-        elif self._relaunches[role.name] < budget:
-            self._relaunches[role.name] += 1
-            self.roles.start_worker(role.index)
-            logger.warning("%s %s; %d of its tasks re-queued; relaunched it (%d of %d)",
-                           role, how, lost, self._relaunches[role.name], budget)
-        else:
-            logger.warning("%s %s; %d of its tasks re-queued; not relaunched: it has been "
-                           "relaunched %d times (--relaunch-on-worker-failure)", role, how,
-                           lost, budget)
-        if not self.roles.count(RoleType.WORKER):
-            self._error = f"every worker has exited; the last, {role}, {exit_.describe()}"
-
-    def _on_ps_exit(self, exit_):
-        role = exit_.role
-        self.membership.mark_ps_down(role.index)
-        budget = self.config.relaunch_on_ps_failure
-        if self._relaunches[role.name] >= budget:
-            self._error = (f"{role} {exit_.describe()} and has been relaunched {budget} "
-                           "times (--relaunch-on-ps-failure); see its log")
-            return
-        self._relaunches[role.name] += 1
-        _, addresses = self.membership.ps_addresses()
-        port = int(addresses[role.index].rsplit(":", 1)[1]) if addresses else 0
-        member = self._members[role.index // self.config.num_ps]
-        restore = (self.checkpoints.latest() or member) if self.outputs.trains else member
-        # Its version goes on from the highest it reported, not back to the checkpoint's.
-        self.roles.start_ps(role.index, port, restore, self.membership.ps_version(role.index),
-                            _or_unset(self.callbacks.model.optimizer.set_rate))
-        logger.warning(
-            "%s %s; relaunched it (%d of %d)%s, %s. Workers wait for it.", role,
-            exit_.describe(), self._relaunches[role.name], budget,
-            f" on port {port}" if port else " before every shard had registered",
-            f"restoring {restore}" if restore else
-            "with no checkpoint to restore: workers re-initialise its dense variables from "
-            "their copies, and its embedding rows start again from their initial values",
-        )
+    def _handle_exits(self):
+        for exit_ in self.roles.poll():
+            self._error = self._error or self.role_exits.handle(exit_)
 
     # -- the end -------------------------------------------------------------------------------
 
     def _job_state(self, finished=False):
-        exits = self._role_exits + (self.roles.failed_exits if self.roles else [])
+        exits = self.role_exits.exits + (self.roles.failed_exits if self.roles else [])
         return JobState(
             job_name=self.config.job_name,
             tasks=self.tasks.state() if self.tasks else {},
             model_version=self.model_version,
             examples_trained=self._earlier.examples_trained + self.reports.throughput.records,
             evaluations=list(self.evaluations.results),
-            relaunches=dict(self._relaunches),
+            relaunches=dict(self.role_exits.counts),
             role_exits=self._earlier.role_exits + [e.to_json() for e in exits],
             finished=finished,
         )
@@ -379,6 +316,8 @@ class Master:
             self._ps_client.close()
         if server is not None:
             server.stop(grace=1.0)
+        if self._status_page is not None:
+            self._status_page.close()
         self.console.close()
 
     def _summary(self, started):
@@ -393,7 +332,3 @@ class Master:
                        stopped_early=self.stopped_early)
         return build_summary(self.config, run, self._job_state(), self.tasks, self.membership,
                              self.checkpoints)
-
-
-def _or_unset(rate):
-    return -1.0 if rate is None else rate

@@ -19,6 +19,8 @@ class Membership:
         self._workers = set()
         self._last_seen = {}
         self._ps_non_finite = {}  # ps id -> NaN/Inf pushes its current run refused or skipped
+        self._ps_load = {}   # ps id -> (table rows, resident memory bytes), as last reported
+        self._hosts = {}     # worker id -> the host it called from
         self._non_finite_before = 0  # those counted by shards' earlier runs
 
     def register_ps(self, ps_id, address):
@@ -37,9 +39,10 @@ class Membership:
                 return False, []
             return True, [self._ps[i] for i in range(self.num_ps)]
 
-    def register_worker(self, worker_id):
+    def register_worker(self, worker_id, host=""):
         with self._lock:
             self._workers.add(worker_id)
+            self._hosts[worker_id] = host
             self._last_seen[("worker", worker_id)] = time.monotonic()
 
     def forget_worker(self, worker_id):
@@ -83,8 +86,10 @@ class Membership:
             return role_id in self._workers
 
     def report_version(self, ps_id, version, staleness_counts=(), stale_rejections=0,
-                       pending_pushes=0, applied_pushes=None, non_finite_pushes=0):
+                       pending_pushes=0, applied_pushes=None, non_finite_pushes=0,
+                       table_rows=None, memory_bytes=0):
         with self._lock:
+            self._ps_load[ps_id] = (dict(table_rows or {}), memory_bytes)
             last = self._ps_non_finite.get(ps_id, 0)
             if non_finite_pushes < last:  # a relaunched shard counts from 0 again
                 self._non_finite_before += last
@@ -94,6 +99,25 @@ class Membership:
             self._ps_staleness[ps_id] = (list(staleness_counts), stale_rejections)
             self._ps_pending[ps_id] = pending_pushes
             self._ps_reported[ps_id] = time.monotonic()
+
+    def view(self):
+        """What the status page shows of the roles: per worker and per shard, the seconds
+        since it was last heard from (None: not registered), and the workers' hosts, the
+        shards' addresses, versions, table rows and memory."""
+        now = time.monotonic()
+        with self._lock:
+            def ago(role, i):
+                seen = self._last_seen.get((role, i))
+                return None if seen is None else round(now - seen, 1)
+
+            workers = {i: {"registered": i in self._workers, "host": self._hosts.get(i, ""),
+                           "heard_s_ago": ago("worker", i)} for i in self._hosts}
+            shards = {i: {"address": self._ps.get(i, ""), "heard_s_ago": ago("ps", i),
+                          "version": self._ps_versions.get(i, 0),
+                          "table_rows": self._ps_load.get(i, ({}, 0))[0],
+                          "memory_bytes": self._ps_load.get(i, ({}, 0))[1]}
+                      for i in range(self.num_ps)}
+            return workers, shards
 
     @property
     def non_finite_pushes(self):
@@ -108,6 +132,14 @@ class Membership:
                 f"ps-{ps_id}": {"applied_by_staleness": counts, "rejected_as_stale": rejected}
                 for ps_id, (counts, rejected) in sorted(self._ps_staleness.items())
             }
+
+    def mean_staleness(self):
+        """`{"staleness/ps-N": mean staleness of the pushes shard N applied}` (asynchronous
+        training; the last count of a shard's histogram counts that staleness and more)."""
+        with self._lock:
+            return {f"staleness/ps-{ps_id}": sum(k * n for k, n in enumerate(counts)) / total
+                    for ps_id, (counts, _) in sorted(self._ps_staleness.items())
+                    if (total := sum(counts))}
 
     def applied_pushes(self):
         """Per shard, `{worker id: pushes whose updates it holds}` (ids as text), as it last

@@ -10,6 +10,7 @@ outputs go to `predictions` (a `PredictionSink`) once it ends done; outputs that
 its records fail the attempt instead.
 """
 
+import collections
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ class Reports:
         self.membership = membership
         self.evaluations = evaluations
         self.throughput = Throughput()
+        self.worker_throughput = collections.defaultdict(Throughput)  # worker id -> its own
         self.pushes = PushAccount()
         self.first_task_at = None  # training time counts from the first task handed out
         self._lock = threading.Lock()
@@ -106,7 +108,7 @@ class Reports:
             self.pushes.report(task_id, worker_id, minibatches)
         before = self.tasks.records_done(task_id)
         self.tasks.report_progress(task_id, records_done)
-        self.throughput.add(max(0, self.tasks.records_done(task_id) - before), loss)
+        self._trained(worker_id, max(0, self.tasks.records_done(task_id) - before), loss)
 
     def report_task_result(self, worker_id, task_id, records_done, error, loss,
                            model_version, metric_states, abandoned=False, minibatches=0,
@@ -131,7 +133,7 @@ class Reports:
                 self.fatal = self.fatal or fatal
         if task.type == TaskType.TRAINING:
             trained = records_done if error or abandoned else task.num_records
-            self.throughput.add(max(0, trained - before), None if error else loss)
+            self._trained(worker_id, max(0, trained - before), None if error else loss)
         elif outcome == TaskOutcome.DONE:
             with self._lock:
                 self.inferred += task.num_records
@@ -185,6 +187,10 @@ class Reports:
                 mine[reason] = mine.get(reason, 0) + n
         return total, by_worker
 
+    def _trained(self, worker_id, records, loss):
+        self.throughput.add(records, loss)
+        self.worker_throughput[worker_id].add(records, loss)
+
     def show(self, console, config, events=None):
         """Updates the progress line, and every `EVENTS_EVERY_S` the training scalars."""
         if config.job_type != "train":
@@ -204,5 +210,12 @@ class Reports:
         now = time.monotonic()
         if events and loss is not None and now - self._events_at >= EVENTS_EVERY_S:
             self._events_at = now
-            events.scalars({"train/loss": loss, "train/examples_per_second": examples_per_second},
-                           version)
+            waiting, running = self.tasks.training_load()
+            events.scalars({
+                "train/loss": loss, "train/examples_per_second": examples_per_second,
+                "train/tasks_waiting": waiting, "train/tasks_running": running,
+                "train/workers": sum(w["registered"]
+                                     for w in self.membership.view()[0].values()),
+                **{f"worker/{w}/examples_per_second": t.examples_per_second()
+                   for w, t in sorted(self.worker_throughput.items())},
+                **self.membership.mean_staleness()}, version)

@@ -68,6 +68,11 @@ class Roles:
         material = self._tls_for(role.name)
         return material.files() if material else ()
 
+    def incarnation(self, worker_id):
+        """The launch of worker `worker_id` started last (0 first; None: never started)."""
+        with self._lock:
+            return self._incarnations.get(worker_id)
+
     def is_current(self, identity):
         """Whether `identity` is the running launch of its worker (not one it replaced)."""
         with self._lock:

@@ -45,8 +45,8 @@ class RunningTasks:
         return [r for r in self._by_id.values() if r.task.type == type_]
 
     def held(self):
-        """`{task_id: (worker_id, started)}`."""
-        return {task_id: (r.worker_id, r.started) for task_id, r in self._by_id.items()}
+        """`{task_id: a copy of its Running}` (its task, worker, start, records done)."""
+        return {task_id: dataclasses.replace(r) for task_id, r in self._by_id.items()}
 
     def completed(self, running):
         """`running` ended with its task done: it may set the slowest time of its type."""

@@ -70,7 +70,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def RegisterWorker(self, request, context):
         self._bind(context, "worker", request.worker_id)
-        self._master.membership.register_worker(request.worker_id)
+        self._master.membership.register_worker(request.worker_id, _peer_host(context))
         return master_pb2.RegisterWorkerResponse()
 
     def GetCluster(self, request, context):
@@ -136,7 +136,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._master.membership.report_version(
             request.ps_id, request.model_version, list(request.staleness_counts),
             request.stale_rejections, request.pending_pushes, dict(request.applied_pushes),
-            request.non_finite_pushes,
+            request.non_finite_pushes, dict(request.table_rows), request.memory_bytes,
         )
         return master_pb2.ReportVersionResponse()
 
@@ -172,7 +172,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _check_version_report(context, request):
         method = "ReportVersion"
         _check_counts(context, method, request, "model_version", "stale_rejections",
-                      "pending_pushes", "non_finite_pushes")
+                      "pending_pushes", "non_finite_pushes", "memory_bytes")
+        rows = request.table_rows
+        _require(context, len(rows) <= MAX_REPORT_ENTRIES and min(rows.values(), default=0) >= 0
+                 and all(len(name) <= 256 for name in rows), method,
+                 f"table_rows must map at most {MAX_REPORT_ENTRIES} table names (256 characters "
+                 "at most) to counts, none negative", f"{len(rows)} entries")
         counts, applied = request.staleness_counts, request.applied_pushes
         _require(context, len(counts) <= MAX_REPORT_ENTRIES and min(counts, default=0) >= 0,
                  method, f"staleness_counts must be at most {MAX_REPORT_ENTRIES} counts, none "
@@ -181,3 +186,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                  and all(w >= 0 and n >= 0 for w, n in applied.items()), method,
                  f"applied_pushes must map at most {MAX_REPORT_ENTRIES} worker ids to counts, "
                  "none negative", f"{len(applied)} entries")
+
+
+def _peer_host(context):
+    """The caller's host as gRPC saw it ("ipv4:10.0.0.5:4321" -> "10.0.0.5")."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]").replace("%5B", "").replace("%5D", "")
+    return rest.rsplit(":", 1)[0] if kind == "ipv4" else peer

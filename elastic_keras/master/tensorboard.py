@@ -1,6 +1,8 @@
 """Scalars for TensorBoard: the master writes its loss, throughput and metrics as event files.
 
-Tags the master writes: `train/loss` and `train/examples_per_second` (step: model version),
+Tags the master writes (step: the model version): `train/loss`, `train/examples_per_second`,
+`worker/<id>/examples_per_second`, `train/tasks_waiting`, `train/tasks_running`,
+`train/workers`, `staleness/ps-<id>` (mean staleness of the pushes a shard applied), and
 `eval/<metric name>` (step: the model version evaluated).
 """
 

@@ -21,6 +21,7 @@ job; BAD_INPUT for bad flags or a checkpoint that cannot be restored.
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -117,6 +118,15 @@ def run(config, stop):
         logger.info("Parameter server %d stopped.", config.ps_id)
 
 
+def resident_bytes():
+    """This process's resident memory in bytes (0 where /proc cannot tell)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _serve(config, servicer, server_auth, material):
     """The started server and its port: `--port`, or a free one if that is taken (a
     relaunched shard asks for its predecessor's, which another process may hold now)."""
@@ -208,7 +218,8 @@ def _keep_in_touch(config, address, parameters, master, stop):
             master.report_version(config.slot, parameters.version,
                                   parameters.staleness.counts, parameters.staleness.rejections,
                                   parameters.pending_pushes, parameters.applied_pushes,
-                                  parameters.non_finite_pushes)
+                                  parameters.non_finite_pushes, parameters.rows_per_table,
+                                  resident_bytes())
             if closed:
                 logger.warning(
                     "A synchronous round waited %.0f s for %d pushes; applied it with %d.",

@@ -122,6 +122,12 @@ class Parameters(SnapshotMixin, LearningRateMixin):
             return dict(self._applied_pushes)
 
     @property
+    def rows_per_table(self):
+        """`{table name: rows this shard holds}` (empty without a model)."""
+        model = self._model
+        return {name: t.num_rows for name, t in model.tables.items()} if model else {}
+
+    @property
     def pending_pushes(self):
         """Pushes in the open synchronous round."""
         return self._round.count

@@ -1,1 +1,2 @@
-"""MNIST digit classifiers: one functional and one subclassed Keras model."""
+"""MNIST digit classifiers: a functional and a subclassed Keras model, and the functional
+one trained on augmented images."""

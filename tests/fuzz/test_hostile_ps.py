@@ -90,7 +90,7 @@ class Shard:
         return (snapshot.version, dict(snapshot.applied_sequences),
                 dict(snapshot.applied_pushes), _plain(snapshot.dense),
                 _plain(snapshot.table_states), _plain(snapshot.optimizer_slots),
-                snapshot.optimizer_iterations)
+                snapshot.optimizer_iterations, snapshot.optimizer_config)
 
     def close(self):
         for channel in self._channels:
@@ -300,6 +300,12 @@ KINDS = {
                                         INVALID),
     "SaveCheckpoint from a worker": (WORKER, "SaveCheckpoint", pserver_pb2.SaveCheckpointRequest(
         checkpoint_id=1, num_ps=1, without_cut=True), DENIED),
+    "LearningRate from a worker": (WORKER, "LearningRate", pserver_pb2.LearningRateRequest(
+        learning_rate=10.0), DENIED),
+    "LearningRate NaN": (MASTER, "LearningRate",
+                         pserver_pb2.LearningRateRequest(learning_rate=math.nan), INVALID),
+    "LearningRate negative": (MASTER, "LearningRate",
+                              pserver_pb2.LearningRateRequest(learning_rate=-1e-3), INVALID),
     "SaveCheckpoint id 0": (MASTER, "SaveCheckpoint", pserver_pb2.SaveCheckpointRequest(
         checkpoint_id=0, num_ps=1, without_cut=True), INVALID),
     "SaveCheckpoint num_ps 2**31-1": (MASTER, "SaveCheckpoint", pserver_pb2.SaveCheckpointRequest(

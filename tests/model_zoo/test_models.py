@@ -193,3 +193,46 @@ def test_the_metric_takes_logits():
     metric = spec.eval_metrics_fn()["accuracy"]
     metric.update_state(tf.constant([1, 2]), tf.constant([[0.0, 5.0, -1.0], [0.0, 5.0, -1.0]]))
     assert float(metric.result()) == 0.5
+
+
+def _parsed(model_def, mode, images, labels):
+    spec = load_model_spec(str(ZOO), model_def)
+    records = [serialize(image, label) for image, label in zip(images, labels)]
+    dataset = spec.dataset_fn(tf.data.Dataset.from_tensor_slices(records), mode,
+                              metadata(records))
+    return list(dataset.batch(len(records)))[0]
+
+
+@pytest.mark.parametrize("mode", ["evaluation", "prediction"])
+def test_augmentation_leaves_evaluation_and_prediction_records_unchanged(mnist, mode):
+    images, labels = mnist[0][:16], mnist[1][:16]
+    plain = _parsed("mnist.mnist_functional", mode, images, labels)
+    augmented = _parsed("mnist.mnist_augmented", mode, images, labels)
+    for a, b in zip(tf.nest.flatten(augmented), tf.nest.flatten(plain)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_augmentation_changes_training_images_anew_each_pass_and_keeps_labels(mnist):
+    images, labels = mnist[0][:16], mnist[1][:16]
+    plain, plain_labels = _parsed("mnist.mnist_functional", "training", images, labels)
+    spec = load_model_spec(str(ZOO), "mnist.mnist_augmented")
+    records = [serialize(image, label) for image, label in zip(images, labels)]
+    dataset = spec.dataset_fn(tf.data.Dataset.from_tensor_slices(records), "training",
+                              metadata(records)).batch(16)
+    (first, first_labels), (second, _) = next(iter(dataset)), next(iter(dataset))  # 2 passes
+    np.testing.assert_array_equal(first_labels.numpy(), plain_labels.numpy())
+    assert first.shape == plain.shape and first.dtype == plain.dtype
+    assert 0.0 <= float(tf.reduce_min(first)) and float(tf.reduce_max(first)) <= 1.0
+    for image in range(16):  # every record is changed, and differently on each pass
+        assert not np.allclose(first[image], plain[image])
+        assert not np.allclose(first[image], second[image])
+    # A shift of at most 2 pixels keeps most of the digit where it was.
+    overlap = tf.reduce_sum(tf.minimum(first, plain)) / tf.reduce_sum(plain)
+    assert float(overlap) > 0.2
+
+
+def test_the_augmented_module_trains(mnist):
+    spec = load_model_spec(str(ZOO), "mnist.mnist_augmented")
+    spec.check()
+    _, losses = train(spec, batches(spec, *mnist))
+    assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
