@@ -49,7 +49,8 @@ def manifests(config):
     roles = Roles(config, engine=None, secret=b"", tls_for=lambda name: material)
     roles.master_address = "MASTER_POD_IP:MASTER_PORT"  # known once the master serves
     specs = ([roles.ps_spec(i) for i in range(config.num_ps * config.ensemble_members)]
-             + [roles.worker_spec(i) for i in range(config.num_workers)])
+             + [roles.worker_spec(i) for i in range(config.num_workers)
+                if config.job_type != "export"])
     return [master_pod(config)] + [maker.role_pod(s, 0, config.num_workers)[0] for s in specs]
 
 

@@ -10,6 +10,7 @@ and workers, as local processes.
 - export without data writes the SavedModel the training job wrote.
 """
 
+import csv
 import json
 import os
 import signal
@@ -222,3 +223,61 @@ def test_export_without_training_writes_the_model_training_wrote(trained, tmp_pa
     trained_model = tf.saved_model.load(str(trained["out"] / "train" / "saved_model"))
     images = np.stack(list(_features(trained["records"]).values())[:32])
     np.testing.assert_allclose(exported.serve(images), trained_model.serve(images), atol=1e-6)
+
+
+def test_census_with_tables_evaluates_predicts_and_exports_from_its_checkpoint(shared_data,
+                                                                               tmp_path):
+    """Census wide & deep, whose embedding tables live on the shards: trained on 2 PS,
+    evaluated and predicted on 1 (the tables re-sharded), exported without data."""
+    data = tmp_path / "adult"
+    assert run_cli("data", shared_data / "adult.csv.gz", "--format", "csv", "--holdout-every",
+                   5, "--shuffle", "--output", data).returncode == 0
+    census = ("--model-zoo", ROOT / "model_zoo", "--model-def", "census.wide_deep")
+    common = ("--num-workers", 2, "--minibatch-size", 256)
+    trained = run_cli("train", *census, *common, "--num-ps", 2, "--training-data",
+                      data / "train", "--validation-data", data / "test", "--checkpoint-dir",
+                      tmp_path / "ckpt", "--output", tmp_path / "train",
+                      "--job-name", "ckpt-cmd-census-train")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    final = json.loads((tmp_path / "train" / "job_summary.json").read_text())["evaluations"][-1]
+
+    evaluated = run_cli("evaluate", *census, *common, "--validation-data", data / "test",
+                        "--checkpoint-dir-for-init", tmp_path / "ckpt",
+                        "--output", tmp_path / "evaluate", "--job-name", "ckpt-cmd-census-eval")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((tmp_path / "evaluate" / "evaluation.json").read_text())["metrics"]
+    assert metrics.keys() == final["metrics"].keys()
+    for name, value in final["metrics"].items():
+        assert metrics[name] == pytest.approx(value, abs=1e-6), name
+
+    predicted = run_cli("predict", *census, *common, "--prediction-data", data / "test",
+                        "--checkpoint-dir-for-init", tmp_path / "ckpt",
+                        "--output", tmp_path / "predict", "--job-name", "ckpt-cmd-census-pred")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    lines = [json.loads(line) for part in (tmp_path / "predict" / "predictions").iterdir()
+             for line in part.read_text().splitlines()]
+    test_file = str(next((data / "test").glob("*.csv")))
+    assert sorted(line["record"] for line in lines) == list(range(9769))
+    assert {line["file"] for line in lines} == {test_file}
+
+    exported = run_cli("export", *census, "--checkpoint-dir-for-init", tmp_path / "ckpt",
+                       "--output", tmp_path / "export", "--job-name", "ckpt-cmd-census-export")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    served, reference = (tf.saved_model.load(str(tmp_path / d / "saved_model"))
+                         for d in ("export", "train"))
+    features = _census_features(test_file, 200)
+    np.testing.assert_allclose(served.serve(features), reference.serve(features), atol=1e-6)
+    by_record = {line["record"]: line["prediction"] for line in lines}
+    np.testing.assert_allclose([by_record[i] for i in range(200)],
+                               reference.serve(features).numpy(), atol=1e-5)
+
+
+def _census_features(path, rows):
+    """The first `rows` records of a census CSV shard, as the exported model takes them."""
+    numeric = {"age", "fnlwgt", "educational-num", "capital-gain", "capital-loss",
+               "hours-per-week"}
+    with open(path, newline="") as f:
+        table = list(csv.DictReader(f))[:rows]
+    return {name.replace("-", "_"): tf.constant(
+        [float(r[name]) for r in table] if name in numeric else [r[name].strip() for r in table])
+        for name in table[0] if name != "income"}

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT
+from tests.master.test_tensorboard import read_scalars
 from tests.e2e.conftest import job_processes, run_cli, start_cli
 
 pytestmark = pytest.mark.slow
@@ -130,3 +131,7 @@ def test_the_status_page_shows_a_running_job_in_a_real_browser(mnist_records, tm
             job.kill()
     gone = run_cli("status", "--job-name", JOB, env=env)
     assert gone.returncode == 2 and "No running job named" in gone.stderr
+    tags = set(read_scalars(tmp_path / "out" / "tensorboard"))
+    assert {"train/loss", "train/examples_per_second", "train/tasks_waiting",
+            "train/tasks_running", "train/workers", "worker/0/examples_per_second",
+            "staleness/ps-0", "eval/accuracy"} <= tags, tags
