@@ -19,6 +19,7 @@ Example:
 
 import json
 import socket
+import threading
 from concurrent import futures
 
 import grpc
@@ -102,10 +103,11 @@ def create_channel(address, service, idempotent=(), deadline_s=DEFAULT_DEADLINE_
 
 
 def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=DEFAULT_SERVER_THREADS,
-                  auth=None, tls=None):
+                  auth=None, tls=None, wire_bytes=None):
     """Starts a server with every servicer that `add_servicers` (callables) registers,
-    checking every call's credential with `auth` (a `ServerAuth`) when given, and serving
-    TLS with client certificates required with `tls` (a `tls.TlsMaterial`) when given.
+    checking every call's credential with `auth` (a `ServerAuth`) when given, serving TLS
+    with client certificates required with `tls` (a `tls.TlsMaterial`) when given, and
+    counting the bytes of its messages in `wire_bytes` (a `WireBytes`) when given.
 
     Returns:
         (server, port): the started server and the port it bound, chosen by the OS when
@@ -116,7 +118,7 @@ def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=DEFAULT_S
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers), options=_COMMON_OPTIONS,
-        interceptors=[auth] if auth else None,
+        interceptors=[i for i in (auth, wire_bytes) if i] or None,
     )
     for add in add_servicers:
         add(server)
@@ -131,6 +133,38 @@ def create_server(add_servicers, host="127.0.0.1", port=0, max_workers=DEFAULT_S
         raise OSError(f"cannot bind a gRPC server to {host}:{port}")
     server.start()
     return server, bound
+
+
+class WireBytes(grpc.ServerInterceptor):
+    """Counts the bytes of the messages a server receives (`received`) and sends (`sent`),
+    as serialized for the wire (before TLS and HTTP/2 framing). Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.received = 0
+        self.sent = 0
+
+    def _add(self, received, sent):
+        with self._lock:
+            self.received += received
+            self.sent += sent
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None:
+            return None
+
+        def deserialize(data, inner=handler.request_deserializer):
+            self._add(len(data), 0)
+            return inner(data) if inner else data
+
+        def serialize(message, inner=handler.response_serializer):
+            data = inner(message) if inner else message
+            self._add(0, len(data))
+            return data
+
+        return handler._replace(request_deserializer=deserialize,
+                                response_serializer=serialize)
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")

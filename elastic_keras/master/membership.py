@@ -21,6 +21,7 @@ class Membership:
         self._ps_non_finite = {}  # ps id -> NaN/Inf pushes its current run refused or skipped
         self._ps_load = {}   # ps id -> (table rows, resident memory bytes), as last reported
         self._hosts = {}     # worker id -> the host it called from
+        self._wire = _WireTotals()
         self._non_finite_before = 0  # those counted by shards' earlier runs
 
     def register_ps(self, ps_id, address):
@@ -87,9 +88,10 @@ class Membership:
 
     def report_version(self, ps_id, version, staleness_counts=(), stale_rejections=0,
                        pending_pushes=0, applied_pushes=None, non_finite_pushes=0,
-                       table_rows=None, memory_bytes=0):
+                       table_rows=None, memory_bytes=0, wire_bytes=(0, 0)):
         with self._lock:
             self._ps_load[ps_id] = (dict(table_rows or {}), memory_bytes)
+            self._wire.report(ps_id, wire_bytes)
             last = self._ps_non_finite.get(ps_id, 0)
             if non_finite_pushes < last:  # a relaunched shard counts from 0 again
                 self._non_finite_before += last
@@ -115,7 +117,8 @@ class Membership:
             shards = {i: {"address": self._ps.get(i, ""), "heard_s_ago": ago("ps", i),
                           "version": self._ps_versions.get(i, 0),
                           "table_rows": self._ps_load.get(i, ({}, 0))[0],
-                          "memory_bytes": self._ps_load.get(i, ({}, 0))[1]}
+                          "memory_bytes": self._ps_load.get(i, ({}, 0))[1],
+                          **self._wire.of(i)}
                       for i in range(self.num_ps)}
             return workers, shards
 
@@ -176,3 +179,23 @@ class Membership:
         """The highest version any shard reported."""
         with self._lock:
             return max(self._ps_versions.values(), default=0)
+
+
+class _WireTotals:
+    """Bytes each shard received and sent over the job, across its relaunches (a relaunched
+    shard counts from 0 again). Not locked: `Membership` calls it under its lock."""
+
+    def __init__(self):
+        self._last = {}    # ps id -> (received, sent) of its current run
+        self._before = {}  # ps id -> (received, sent) of its earlier runs
+
+    def report(self, ps_id, counts):
+        last = self._last.get(ps_id, (0, 0))
+        if counts[0] < last[0] or counts[1] < last[1]:
+            before = self._before.get(ps_id, (0, 0))
+            self._before[ps_id] = (before[0] + last[0], before[1] + last[1])
+        self._last[ps_id] = tuple(counts)
+
+    def of(self, ps_id):
+        last, before = self._last.get(ps_id, (0, 0)), self._before.get(ps_id, (0, 0))
+        return {"bytes_received": last[0] + before[0], "bytes_sent": last[1] + before[1]}

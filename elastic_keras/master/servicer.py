@@ -137,6 +137,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             request.ps_id, request.model_version, list(request.staleness_counts),
             request.stale_rejections, request.pending_pushes, dict(request.applied_pushes),
             request.non_finite_pushes, dict(request.table_rows), request.memory_bytes,
+            (request.bytes_received, request.bytes_sent),
         )
         return master_pb2.ReportVersionResponse()
 
@@ -172,7 +173,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _check_version_report(context, request):
         method = "ReportVersion"
         _check_counts(context, method, request, "model_version", "stale_rejections",
-                      "pending_pushes", "non_finite_pushes", "memory_bytes")
+                      "pending_pushes", "non_finite_pushes", "memory_bytes", "bytes_received",
+                      "bytes_sent")
         rows = request.table_rows
         _require(context, len(rows) <= MAX_REPORT_ENTRIES and min(rows.values(), default=0) >= 0
                  and all(len(name) <= 256 for name in rows), method,

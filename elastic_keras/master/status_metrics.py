@@ -4,7 +4,8 @@ Every sample carries `job="<job name>"`. Gauges: examples per second, training l
 version (job and per shard), epoch, tasks waiting (the queue's depth) and running, workers
 alive, the last evaluation's metrics, per shard its table rows and resident memory, seconds
 since each role's last heartbeat. Counters: records done, relaunches per role, pushes
-applied per shard and worker, pushes rejected as stale per shard.
+applied per shard and staleness, pushes rejected as stale per shard, bytes each shard
+received and sent (its messages as serialized for the wire, across its relaunches).
 """
 
 import math
@@ -45,6 +46,10 @@ def render(snapshot):
                for t, n in sorted(s["table_rows"].items())])
     out.gauge("ps_memory_bytes", "Resident memory of a shard's process.",
               [({**job, "ps": str(s["id"])}, s["memory_bytes"]) for s in shards])
+    out.counter("ps_bytes_received", "Bytes of the messages a shard received (pushes, ...).",
+                [({**job, "ps": str(s["id"])}, s["bytes_received"]) for s in shards])
+    out.counter("ps_bytes_sent", "Bytes of the messages a shard sent (pulls, ...).",
+                [({**job, "ps": str(s["id"])}, s["bytes_sent"]) for s in shards])
     out.gauge("heartbeat_age_seconds", "Seconds since a role's last heartbeat.",
               [({**job, "role": f"ps-{s['id']}"}, s["heard_s_ago"]) for s in shards]
               + [({**job, "role": f"worker-{w['id']}"}, w["heard_s_ago"])

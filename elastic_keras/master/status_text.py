@@ -23,9 +23,11 @@ def format_status(snapshot):
         [[f"worker-{w['id']}", w["state"], w["host"] or "-", _text(w["launch"]),
           _task(w["task"]), _ago(w["heard_s_ago"])] for w in snapshot["workers"]]))
     lines.append(_table(
-        ["shard", "state", "address", "version", "rows", "memory", "heartbeat"],
+        ["shard", "state", "address", "version", "rows", "memory", "received", "sent",
+         "heartbeat"],
         [[f"ps-{s['id']}", s["state"], s["address"] or "-", str(s["version"]),
-          str(sum(s["table_rows"].values())), _mib(s["memory_bytes"]), _ago(s["heard_s_ago"])]
+          str(sum(s["table_rows"].values())), _mib(s["memory_bytes"]),
+          _mib(s["bytes_received"]), _mib(s["bytes_sent"]), _ago(s["heard_s_ago"])]
          for s in snapshot["ps"]]))
     for evaluation in snapshot["evaluations"][-1:]:
         metrics = ", ".join(f"{k} {_number(v, 4)}" for k, v in evaluation["metrics"].items())
@@ -64,4 +66,4 @@ def _ago(seconds):
 
 
 def _mib(count):
-    return f"{count / 2**20:.0f} MiB" if count else "-"
+    return f"{count / 2**20:.{1 if count < 10 * 2**20 else 0}f} MiB" if count else "-"

@@ -211,7 +211,7 @@ class DroppedPushes(_message.Message):
     def __init__(self, ps_id: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReportVersionRequest(_message.Message):
-    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes", "non_finite_pushes", "table_rows", "memory_bytes")
+    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes", "non_finite_pushes", "table_rows", "memory_bytes", "bytes_received", "bytes_sent")
     class AppliedPushesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,8 @@ class ReportVersionRequest(_message.Message):
     NON_FINITE_PUSHES_FIELD_NUMBER: _ClassVar[int]
     TABLE_ROWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     ps_id: int
     model_version: int
     staleness_counts: _containers.RepeatedScalarFieldContainer[int]
@@ -244,7 +246,9 @@ class ReportVersionRequest(_message.Message):
     non_finite_pushes: int
     table_rows: _containers.ScalarMap[str, int]
     memory_bytes: int
-    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ..., non_finite_pushes: _Optional[int] = ..., table_rows: _Optional[_Mapping[str, int]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    bytes_received: int
+    bytes_sent: int
+    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ..., non_finite_pushes: _Optional[int] = ..., table_rows: _Optional[_Mapping[str, int]] = ..., memory_bytes: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
 
 class ReportVersionResponse(_message.Message):
     __slots__ = ()

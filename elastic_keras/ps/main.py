@@ -96,8 +96,9 @@ def run(config, stop):
     servicer = PServerServicer(parameters, transfer, config.ps_id, config.num_ps,
                                config.checkpoint_dir, max_waiting_pulls=WAITING_PULLS)
     server_auth = auth.ServerAuth(auth.Verifier(secret, config.job_name), AUTHORITY)
+    wire = rpc.WireBytes()  # reported with the version, for the job's metrics
     try:
-        server, port = _serve(config, servicer, server_auth, material)
+        server, port = _serve(config, servicer, server_auth, material, wire)
         address = rpc.advertised_address(config.host, port, config.advertise_host)
     except (OSError, ConfigError) as exc:
         logger.error("Cannot serve: %s", exc)
@@ -111,7 +112,7 @@ def run(config, stop):
     master = MasterClient(config.master_addr, deadline_s=MASTER_CALL_DEADLINE_S, token=token,
                           tls=material)
     try:
-        return _keep_in_touch(config, address, parameters, master, stop)
+        return _keep_in_touch(config, address, parameters, master, stop, wire)
     finally:
         master.close()
         server.stop(STOP_GRACE_S).wait()
@@ -127,12 +128,13 @@ def resident_bytes():
         return 0
 
 
-def _serve(config, servicer, server_auth, material):
+def _serve(config, servicer, server_auth, material, wire=None):
     """The started server and its port: `--port`, or a free one if that is taken (a
     relaunched shard asks for its predecessor's, which another process may hold now)."""
     def create(port):
         return rpc.create_server([lambda s: add_to_server(servicer, s)], config.host, port,
-                                 max_workers=SERVER_THREADS, auth=server_auth, tls=material)
+                                 max_workers=SERVER_THREADS, auth=server_auth, tls=material,
+                                 wire_bytes=wire)
     try:
         return create(config.port)
     except OSError:
@@ -180,7 +182,7 @@ def _stop_on_signals(stop):
             signal.signal(sig, handler)
 
 
-def _keep_in_touch(config, address, parameters, master, stop):
+def _keep_in_touch(config, address, parameters, master, stop, wire):
     """Registers, then heartbeats and reports the version until the job ends; the exit status."""
     registered = False
     in_outage = False
@@ -219,7 +221,7 @@ def _keep_in_touch(config, address, parameters, master, stop):
                                   parameters.staleness.counts, parameters.staleness.rejections,
                                   parameters.pending_pushes, parameters.applied_pushes,
                                   parameters.non_finite_pushes, parameters.rows_per_table,
-                                  resident_bytes())
+                                  resident_bytes(), (wire.received, wire.sent))
             if closed:
                 logger.warning(
                     "A synchronous round waited %.0f s for %d pushes; applied it with %d.",

@@ -120,6 +120,7 @@ def test_the_status_page_shows_a_running_job_in_a_real_browser(mnist_records, tm
         assert families["elastic_keras_examples_per_second"].samples[0].labels == {"job": JOB}
         assert families["elastic_keras_relaunches"].samples[0].labels["role"] == "worker-1"
         assert families["elastic_keras_ps_memory_bytes"].samples[0].value > 0
+        assert families["elastic_keras_ps_bytes_received"].samples[0].value > 0
 
         text = run_cli("status", "--job-name", JOB, env=env)
         assert text.returncode == 0 and f"Job {JOB} (train, engine local)" in text.stdout

@@ -4,6 +4,7 @@ master hands them at an epoch's end."""
 import textwrap
 
 import keras
+import numpy as np
 import pytest
 
 from elastic_keras import cli
@@ -16,6 +17,7 @@ from elastic_keras.master.throughput import Throughput
 
 MODULE = """
 import keras
+import numpy as np
 from model_zoo.mnist.mnist_functional import custom_model, dataset_fn, loss
 
 
@@ -114,3 +116,36 @@ def test_a_callback_that_raises_is_named(tmp_path):
     job._callbacks = [_Recorder(fail=True)]
     with pytest.raises(CallbackError, match="_Recorder.on_epoch_end raised OSError: cannot"):
         job.next_epoch(TaskManager([("a", 4)], 4, 1, 0), Throughput(), [])
+
+
+def test_reduce_lr_on_plateau_halves_a_real_shards_rate_when_the_loss_stalls(tmp_path):
+    """ReduceLROnPlateau through the model stand-in, against a shard served on 127.0.0.1."""
+    import json
+
+    from elastic_keras.common import rpc
+    from elastic_keras.common.ps_client import PSClient
+    from elastic_keras.ps.parameters import Parameters
+    from elastic_keras.ps.servicer import PServerServicer, add_to_server
+
+    parameters = Parameters()
+    parameters.init_model([("w", np.zeros(2, np.float32))],
+                          json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(0.1))))
+    server, port = rpc.create_server([lambda s: add_to_server(PServerServicer(parameters), s)])
+    client = PSClient([f"127.0.0.1:{port}"])
+    try:
+        job = _job(tmp_path, "keras.callbacks.ReduceLROnPlateau(monitor='loss', factor=0.5, "
+                             "patience=1, min_delta=0.01)")
+        job.begin(client, None, TaskManager([("a", 4)], 4, 4, 0), type("R", (), {})())
+        throughput = Throughput()
+        tasks = TaskManager([("a", 4)], 4, 4, 0)
+        for loss in (1.0, 0.5, 0.5, 0.5):
+            task = tasks.get(0)
+            tasks.report_result(task.task_id, 4)
+            throughput.add(4, loss)
+            job.next_epoch(tasks, throughput, [])
+        # 0.5 stalls from the third epoch: after patience 1, halved once, then again.
+        assert parameters.learning_rate == pytest.approx(0.025)
+        assert job.model.optimizer.set_rate == pytest.approx(0.025)
+    finally:
+        client.close()
+        server.stop(0)

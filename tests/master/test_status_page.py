@@ -31,7 +31,7 @@ SNAPSHOT = {
                  "examples_per_second": 0.0, "task": None}],
     "ps": [{"id": 0, "address": "127.0.0.1:2", "heard_s_ago": 0.1, "version": 120,
             "table_rows": {"embedding": 300}, "memory_bytes": 300 * 2**20,
-            "state": "running"}],
+            "bytes_received": 5000, "bytes_sent": 7000, "state": "running"}],
     "events": [{"time": 0.0, "role": "worker-0", "what": "was killed (SIGKILL)",
                 "relaunches": 1}],
     "relaunches": {"worker-0": 1},
@@ -58,6 +58,8 @@ def test_metrics_parse_as_prometheus_text_with_the_jobs_label():
     applied = {s.labels["staleness"]: s.value
                for s in families["elastic_keras_pushes_applied"].samples}
     assert applied == {"0": 50, "1": 20, "2": 3}
+    sent = families["elastic_keras_ps_bytes_sent"]
+    assert sent.type == "counter" and sent.samples[0].value == 7000
     ages = {s.labels["role"] for s in families["elastic_keras_heartbeat_age_seconds"].samples}
     assert ages == {"ps-0", "worker-0"}  # worker-1 has no heartbeat: no sample
 

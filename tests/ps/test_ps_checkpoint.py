@@ -434,7 +434,7 @@ def test_run_restores_before_serving_and_registering(tmp_path, monkeypatch, capl
                                    "--secret-file", keys.secret_file])
     seen = {}
 
-    def keep_in_touch(config, address, parameters, master, stop):
+    def keep_in_touch(config, address, parameters, master, stop, wire):
         # What a worker finds once the shard has registered: the restored model.
         channel = rpc.create_channel(address, "elastic_keras.PServer", deadline_s=30,
                                      token=keys.token("worker", 0))
