@@ -299,7 +299,7 @@ class Master:
             logger.warning("Parameter servers did not report their last updates applied.")
         if self.checkpoints.enabled:
             self._checkpoint(finished=True)
-        self.outputs.finish(self._ps_client, self.evaluations, self._sample_file)
+        self._error = self.outputs.finish(self._ps_client, self.evaluations, self._sample_file)
 
     def _shutdown(self, server):
         """Lets roles exit on their own after a good end (workers when told there are no
@@ -318,6 +318,7 @@ class Master:
             server.stop(grace=1.0)
         if self._status_page is not None:
             self._status_page.close()
+        self.outputs.close()
         self.console.close()
 
     def _summary(self, started):

@@ -72,10 +72,7 @@ class JobOutputs:
 
     def round_closed(self, finished_round, evaluations):
         """An evaluation round (a prediction job's: its prediction round) has ended."""
-        if self.job_type == job_types.PREDICT:
-            logger.info("Predicted %d records (model version %d)", self.sink.records,
-                        finished_round.model_version)
-        else:
+        if self.job_type != job_types.PREDICT:
             evaluations.close(finished_round)
 
     @property
@@ -83,9 +80,20 @@ class JobOutputs:
         """Why the job must fail for its outputs (a processor that raised), or ""."""
         return self.sink.error if self.sink else ""
 
+    def close(self):
+        """At the end of any job: lets a prediction sink's thread finish."""
+        if self.sink is not None:
+            self.sink.close()
+
     def finish(self, ps_client, evaluations, sample_file):
-        """After a good end: writes what the job leaves (see the module)."""
+        """After a good end: writes what the job leaves (see the module); returns why the
+        job fails after all (a processor that raised), or ""."""
         output = self.config.output
+        if self.sink is not None:
+            if self.sink.close():
+                return self.sink.error
+            logger.info("Predicted %d records; they went to %s", self.sink.records,
+                        self.sink.where)
         if self.job_type in (job_types.TRAIN, job_types.EXPORT) and output:
             from elastic_keras.master.export import export_saved_model, sample_features
 
@@ -101,6 +109,7 @@ class JobOutputs:
                 stream.write("\n")
             logger.info("Wrote the metrics of model version %d to %s", last["model_version"],
                         os.path.join(output, "evaluation.json"))
+        return ""
 
     def evaluation(self, evaluations):
         """What evaluation.json holds."""

@@ -8,7 +8,7 @@ arrive. So every record is predicted exactly once, whatever dies on the way.
 
 - With a `PredictionOutputsProcessor`, one instance lives in the master; `process(predictions,
   worker_id)` gets each minibatch of a done task, in record order (tasks come in any order),
-  one call at a time. `predictions` is what the model returned for the minibatch, as numpy
+  one call at a time, from a thread of its own (a worker's report only queues the task). `predictions` is what the model returned for the minibatch, as numpy
   arrays (a dict or list of them for a model with several outputs). A processor that raises
   fails the job.
 - Without one, each done task becomes one file, `OUTPUT/predictions/part-FFFFF-SSSSSSSSSS.jsonl`
@@ -20,6 +20,7 @@ arrive. So every record is predicted exactly once, whatever dies on the way.
 import json
 import logging
 import os
+import queue
 import threading
 
 import numpy as np
@@ -31,6 +32,7 @@ from elastic_keras.common.transfer.tensor_codec import decode
 logger = logging.getLogger(__name__)
 
 PREDICTIONS_DIR = "predictions"
+QUEUED_TASKS = 64  # done tasks waiting for the processor before reports wait too
 
 
 class PredictionSink:
@@ -48,9 +50,12 @@ class PredictionSink:
         self._minibatch_size = minibatch_size
         self._processor = processor
         self._directory = os.path.join(output, PREDICTIONS_DIR) if output else ""
-        self._lock = threading.Lock()
-        self.records = 0   # records whose predictions were taken
+        self.records = 0   # records whose predictions were handed on
         self.error = ""    # why the processor failed: the job fails
+        # Workers' reports only queue: a slow processor holds no report past its deadline.
+        self._queue = queue.Queue(maxsize=QUEUED_TASKS)
+        self._thread = threading.Thread(target=self._drain, name="predictions", daemon=True)
+        self._thread.start()
 
     @property
     def where(self):
@@ -85,22 +90,34 @@ class PredictionSink:
         return outputs
 
     def add(self, task, worker_id, outputs):
-        """Hands a done task's outputs (from `decode`) on; a processor's error is kept in
-        `error` (the master then fails the job)."""
-        with self._lock:
-            if self.error:
-                return
-            try:
-                if self._processor is not None:
-                    self._process(worker_id, outputs)
-                elif self._directory:
-                    self._write(task, outputs)
-            except Exception as exc:  # noqa: BLE001 - the user's processor: the job fails
-                self.error = (f"{self.where} failed on records [{task.start}, {task.end}) of "
-                              f"{task.path}: {type(exc).__name__}: {exc}")
-                logger.error("%s", self.error)
-                return
-            self.records += task.num_records
+        """Queues a done task's outputs (from `decode`) for the sink's thread, which hands
+        them on in the order they came; waits while `QUEUED_TASKS` wait already."""
+        self._queue.put((task, worker_id, outputs))
+
+    def close(self):
+        """Waits until every queued task is handed on; returns `error`."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        return self.error
+
+    def _drain(self):
+        while (item := self._queue.get()) is not None:
+            if not self.error:  # after a failure the rest is dropped: the job fails
+                self._hand_on(*item)
+
+    def _hand_on(self, task, worker_id, outputs):
+        try:
+            if self._processor is not None:
+                self._process(worker_id, outputs)
+            elif self._directory:
+                self._write(task, outputs)
+        except Exception as exc:  # noqa: BLE001 - the user's processor: the job fails
+            self.error = (f"{self.where} failed on records [{task.start}, {task.end}) of "
+                          f"{task.path}: {type(exc).__name__}: {exc}")
+            logger.error("%s", self.error)
+            return
+        self.records += task.num_records
 
     def _process(self, worker_id, outputs):
         size = len(next(iter(outputs.values())))

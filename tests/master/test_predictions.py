@@ -2,6 +2,7 @@
 every record once, whatever happened to the attempts before."""
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -65,6 +66,7 @@ def test_without_a_processor_each_task_is_one_file_of_its_records_in_order(tmp_p
     task = _task()
     outputs = sink.decode(task, [encode("", np.arange(6, dtype=np.float32).reshape(3, 2))])
     sink.add(task, 1, outputs)
+    assert sink.close() == ""
     files = list((tmp_path / "predictions").iterdir())
     assert [f.name for f in files] == ["part-00001-0000000004.jsonl"]
     lines = [json.loads(line) for line in files[0].read_text().splitlines()]
@@ -79,6 +81,7 @@ def test_a_model_with_named_outputs_writes_them_by_name(tmp_path):
     outputs = sink.decode(task, [encode("score", np.array([0.5, 0.25], np.float32)),
                                  encode("label", np.array([[1], [0]], np.int64))])
     sink.add(task, 0, outputs)
+    sink.close()
     first = json.loads((tmp_path / "predictions" / "part-00000-0000000000.jsonl")
                        .read_text().splitlines()[0])
     assert first["prediction"] == {"score": 0.5, "label": [1]}
@@ -99,16 +102,37 @@ def test_a_processor_gets_every_minibatch_of_a_task_in_record_order():
     sink = PredictionSink(["/data/f1.rec"], 2, processor=processor)
     task = _task(start=0, end=5)
     sink.add(task, 3, sink.decode(task, [encode("", np.arange(5, dtype=np.int64))]))
+    sink.close()
     assert [(c.tolist(), w) for c, w in processor.calls] == [([0, 1], 3), ([2, 3], 3), ([4], 3)]
     assert sink.where == "_Recorder.process"
 
 
 def test_a_processor_that_raises_fails_the_job_naming_the_records():
-    sink = PredictionSink(["/data/f1.rec"], 2, processor=_Recorder(fail_at=1))
-    task = _task(start=0, end=4)
+    processor = _Recorder(fail_at=1)
+    sink = PredictionSink(["/data/f1.rec"], 2, processor=processor)
+    task, later = _task(start=0, end=4), _task(start=4, end=6)
     sink.add(task, 0, sink.decode(task, [encode("", np.zeros(4, np.float32))]))
-    assert "records [0, 4) of /data/f1.rec" in sink.error and "disk full" in sink.error
-    assert sink.records == 0
+    sink.add(later, 0, sink.decode(later, [encode("", np.zeros(2, np.float32))]))
+    error = sink.close()
+    assert "records [0, 4) of /data/f1.rec" in error and "disk full" in error
+    assert sink.records == 0 and len(processor.calls) == 1  # nothing after the failure
+
+
+def test_a_slow_processor_keeps_no_report_waiting():
+    release = threading.Event()
+
+    class Slow:
+        def process(self, predictions, worker_id):
+            release.wait(10)
+
+    sink = PredictionSink(["/data/f1.rec"], 4, processor=Slow())
+    task = _task(start=0, end=4)
+    outputs = sink.decode(task, [encode("", np.zeros(4, np.float32))])
+    sink.add(task, 0, outputs)  # a worker's report: queued, not processed on its thread
+    sink.add(task, 0, outputs)
+    assert sink.records == 0  # had add() processed, it would have come back with 4
+    release.set()
+    assert sink.close() == "" and sink.records == 8
 
 
 @pytest.mark.parametrize("tensors, complaint", [
