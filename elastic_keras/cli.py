@@ -155,6 +155,10 @@ def _run_status(args):
 
 
 def _run_train(args):
+    if args.job_type != args.command:
+        print(f"elastic-keras {args.command}: error: --job-type {args.job_type} contradicts "
+              f"the command; run elastic-keras {args.job_type} instead", file=sys.stderr)
+        return 2
     if args.engine == "kubernetes":  # the master runs in a pod: submit it
         from elastic_keras.master.kubernetes_submit import submit_command
         try:

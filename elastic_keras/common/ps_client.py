@@ -47,7 +47,7 @@ HELD_RETRY_MAX_S = 0.5
 # time (without a cut: it rewrites the file atomically).
 _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
                "PushGradientsStream", "PullEmbedding", "PullTable", "PrepareCheckpoint",
-               "SaveCheckpoint", "ReleaseCheckpoint")
+               "SaveCheckpoint", "ReleaseCheckpoint", "LearningRate")
 
 
 class PSClient:

@@ -237,7 +237,8 @@ class Master:
             elif (self.evaluations.due(self.model_version)
                   and tasks.start_evaluation(self.model_version, end_of_epoch=False)):
                 self.evaluations.started(self.model_version)
-            finished_round = tasks.evaluation_finished()
+            with self.reports.results_lock:  # no task ends between done and its outputs taken
+                finished_round = tasks.evaluation_finished()
             if finished_round is not None:
                 self.outputs.round_closed(finished_round, self.evaluations)
                 if finished_round.end_of_epoch:

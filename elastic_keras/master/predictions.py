@@ -8,9 +8,9 @@ arrive. So every record is predicted exactly once, whatever dies on the way.
 
 - With a `PredictionOutputsProcessor`, one instance lives in the master; `process(predictions,
   worker_id)` gets each minibatch of a done task, in record order (tasks come in any order),
-  one call at a time, from a thread of its own (a worker's report only queues the task). `predictions` is what the model returned for the minibatch, as numpy
-  arrays (a dict or list of them for a model with several outputs). A processor that raises
-  fails the job.
+  one call at a time, from a thread of its own (a worker's report only queues the task).
+  `predictions` is what the model returned for the minibatch, as numpy arrays (a dict or
+  list of them for a model with several outputs). A processor that raises fails the job.
 - Without one, each done task becomes one file, `OUTPUT/predictions/part-FFFFF-SSSSSSSSSS.jsonl`
   (F: the data file's place in the sorted list of files, S: the task's first record), written
   atomically: one JSON object per record, in record order, `{"file": path, "record": index in
@@ -32,7 +32,6 @@ from elastic_keras.common.transfer.tensor_codec import decode
 logger = logging.getLogger(__name__)
 
 PREDICTIONS_DIR = "predictions"
-QUEUED_TASKS = 64  # done tasks waiting for the processor before reports wait too
 
 
 class PredictionSink:
@@ -53,7 +52,8 @@ class PredictionSink:
         self.records = 0   # records whose predictions were handed on
         self.error = ""    # why the processor failed: the job fails
         # Workers' reports only queue: a slow processor holds no report past its deadline.
-        self._queue = queue.Queue(maxsize=QUEUED_TASKS)
+        self._queue = queue.Queue()
+        self._closed = False
         self._thread = threading.Thread(target=self._drain, name="predictions", daemon=True)
         self._thread.start()
 
@@ -91,14 +91,20 @@ class PredictionSink:
 
     def add(self, task, worker_id, outputs):
         """Queues a done task's outputs (from `decode`) for the sink's thread, which hands
-        them on in the order they came; waits while `QUEUED_TASKS` wait already."""
+        them on in the order they came; never waits (a slow processor holds the outputs of
+        the tasks done meanwhile in memory)."""
+        if self._closed:
+            raise RuntimeError("predictions arrived after the sink was closed")
         self._queue.put((task, worker_id, outputs))
 
     def close(self):
         """Waits until every queued task is handed on; returns `error`."""
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        elif not self.error:
+            self.error = f"{self.where} stopped handing predictions on"
         return self.error
 
     def _drain(self):
@@ -112,7 +118,7 @@ class PredictionSink:
                 self._process(worker_id, outputs)
             elif self._directory:
                 self._write(task, outputs)
-        except Exception as exc:  # noqa: BLE001 - the user's processor: the job fails
+        except BaseException as exc:  # noqa: BLE001 - the user's processor: the job fails
             self.error = (f"{self.where} failed on records [{task.start}, {task.end}) of "
                           f"{task.path}: {type(exc).__name__}: {exc}")
             logger.error("%s", self.error)

@@ -54,6 +54,8 @@ class Reports:
         self.fatal = ""  # why the first fatal task result could not be retried
         self.predictions = None  # a prediction job's `PredictionSink`
         self.inferred = 0  # records of evaluation and prediction tasks done
+        # Held from a task's end to its outputs being taken (the round closes after both).
+        self.results_lock = threading.Lock()
 
     @property
     def model_version(self):
@@ -124,8 +126,12 @@ class Reports:
         self._note_skipped(task_id, worker_id, skipped)
         before = self.tasks.records_done(task_id)
         fatal = fatal if error and not abandoned else ""
-        task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned,
-                                                 fatal=bool(fatal))
+        with self.results_lock:
+            task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned,
+                                                     fatal=bool(fatal))
+            if (task is not None and task.type != TaskType.TRAINING
+                    and outcome == TaskOutcome.DONE):
+                self._take_outputs(task, worker_id, outputs, metric_states, model_version)
         if task is None:
             return
         if fatal and outcome == TaskOutcome.FAILED:
@@ -134,19 +140,20 @@ class Reports:
         if task.type == TaskType.TRAINING:
             trained = records_done if error or abandoned else task.num_records
             self._trained(worker_id, max(0, trained - before), None if error else loss)
-        elif outcome == TaskOutcome.DONE:
-            with self._lock:
-                self.inferred += task.num_records
-            if task.type == TaskType.PREDICTION:
-                self.predictions.add(task, worker_id, outputs)
-            else:
-                self.evaluations.add(worker_id, metric_states, model_version)
         if abandoned:
             logger.info("Worker %d handed back %s task %d after %d records", worker_id,
                         task.type.value, task_id, records_done)
         elif error:
             logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
                            task.type.value, task_id, outcome.value, error)
+
+    def _take_outputs(self, task, worker_id, outputs, metric_states, model_version):
+        with self._lock:
+            self.inferred += task.num_records
+        if task.type == TaskType.PREDICTION:
+            self.predictions.add(task, worker_id, outputs)
+        else:
+            self.evaluations.add(worker_id, metric_states, model_version)
 
     def _predictions_of(self, task_id, tensors):
         """(`{name: array}`, "") of a prediction task's outputs, or ({}, why they do not

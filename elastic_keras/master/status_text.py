@@ -54,7 +54,9 @@ def _task(task):
 
 
 def _number(value, digits):
-    return "-" if value is None else f"{value:.{digits}f}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.{digits}f}"
+    return "-" if value is None else str(value)
 
 
 def _text(value):

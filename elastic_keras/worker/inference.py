@@ -94,8 +94,11 @@ def _named_outputs(outputs):
     arrays = {}
     for name, value in named.items():
         array = np.asarray(value)
-        if array.dtype == np.bool_:
-            array = array.astype(np.int32)
+        if array.dtype == np.bool_ or array.dtype.kind in "iu":
+            array = array.astype(np.int32 if array.dtype.itemsize < 4 else np.int64)
+        elif array.dtype.name == "bfloat16" or (array.dtype.kind == "f"
+                                                 and array.dtype.itemsize not in (2, 4, 8)):
+            array = array.astype(np.float32)
         if array.dtype.kind not in "fiu" or array.ndim == 0:
             raise ModelSpecError(
                 f"The model's output {name or 'predictions'!r} cannot be written as "
@@ -117,7 +120,7 @@ def combine(outputs, combiner):
 
 def _vote(outputs):
     first = tf.convert_to_tensor(outputs[0])
-    if first.shape.rank and first.shape[-1] and first.shape[-1] > 1:
+    if first.shape.rank and first.shape.rank >= 2 and (first.shape[-1] or 0) > 1:
         depth = first.shape[-1]
         votes = tf.add_n([tf.one_hot(tf.argmax(x, axis=-1), depth) for x in outputs])
         return tf.one_hot(tf.argmax(votes, axis=-1), depth, dtype=first.dtype)

@@ -179,7 +179,8 @@ def _run_tasks(config, spec, master, ps_clients, stop):
                 config.job_name, ", ".join(a for c in ps_clients for a in c.addresses),
                 ps_clients[0].transfer)
     members = [Trainer(spec, client, config.worker_id, config.embedding_threshold_params,
-                       strategies.name_for(config), config.max_stale_retries, stop=stop)
-               for client in ps_clients]
+                       strategies.name_for(config), config.max_stale_retries, stop=stop,
+                       fresh_names=k > 0)
+               for k, client in enumerate(ps_clients)]
     inference = Inference(spec, members, config.ensemble_combiner)
     TaskLoop(config, spec, master, members[0], stop, inference).run()

@@ -75,6 +75,8 @@ class Trainer(Replica):
             worker's config, `strategies.name_for(config)`).
         max_stale_retries: recomputations of a minibatch rejected as stale before failing.
         stop: a `threading.Event`; once set, waits for parameter servers are cut short.
+        fresh_names: clear Keras's session before building the model, so that its variables
+            get the names of a fresh process (an ensemble's members after the first).
 
     Raises:
         ValueError: no update strategy is called `strategy`.
@@ -82,8 +84,9 @@ class Trainer(Replica):
 
     def __init__(self, spec, ps_client, worker_id,
                  embedding_threshold_params=EMBEDDING_THRESHOLD_PARAMS, strategy="async",
-                 max_stale_retries=20, stop=None):
+                 max_stale_retries=20, stop=None, fresh_names=False):
         self._spec = spec
+        self._fresh_names = fresh_names
         self._stop = stop or threading.Event()  # set: stop waiting for parameter servers
         self._init_args = None  # (optimizer config, table specs, variable options) of InitModel
         self._needs_init = False
@@ -116,8 +119,8 @@ class Trainer(Replica):
     def _ensure_model(self, features):
         if self._model is not None:
             return
-        # The names a fresh process gives, also for an ensemble's second model.
-        keras.utils.clear_session()
+        if self._fresh_names:  # an ensemble's later members: the names a fresh process gives
+            keras.utils.clear_session()
         model = self._spec.custom_model()
         model(features, training=False)  # builds every variable
         self._model = model

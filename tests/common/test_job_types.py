@@ -71,3 +71,9 @@ def test_a_members_shard_registers_in_its_own_slot_and_round_trips():
 def test_the_job_type_travels_to_a_master_started_elsewhere():
     job = _config("export", "--checkpoint-dir-for-init", "c", "--output", "o")
     assert config_lib.parse_argv(config_lib.JobConfig, config_lib.to_argv(job)) == job
+
+
+def test_a_job_type_flag_that_contradicts_the_command_is_refused(capsys):
+    assert cli.main(["evaluate", "--job-type", "train", "--model-def", "m",
+                     "--training-data", "t"]) == 2
+    assert "--job-type train contradicts the command" in capsys.readouterr().err

@@ -48,3 +48,16 @@ def test_outputs_are_named_by_key_by_position_or_not_at_all():
 def test_outputs_that_cannot_be_predictions_are_named(bad):
     with pytest.raises(ModelSpecError, match="cannot be written as predictions"):
         _named_outputs({"out": bad})
+
+
+def test_vote_on_rank_one_outputs_votes_per_record():
+    members = [np.array([0.9, 0.2, 0.6]), np.array([0.7, 0.1, 0.4]), np.array([0.1, 0.3, 0.8])]
+    np.testing.assert_array_equal(combine(members, "vote"), [1.0, 0.0, 1.0])
+
+
+def test_small_ints_and_bfloat16_outputs_travel_widened():
+    import ml_dtypes
+
+    named = _named_outputs({"k": np.array([1, 2], np.uint8),
+                            "b": np.array([0.5], ml_dtypes.bfloat16)})
+    assert named["k"].dtype == np.int32 and named["b"].dtype == np.float32
