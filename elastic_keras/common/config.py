@@ -204,6 +204,7 @@ class JobConfig:
         check_job_settings(self)
         _requires(self, "checkpoint_steps", "checkpoint_dir")
         _requires(self, "evaluation_steps", "validation_data")
+        _requires(self, "status_port", "status_page")
         if self.use_async and self.grads_to_wait:
             raise ConfigError(
                 "--use-async and --grads-to-wait exclude each other: --grads-to-wait K >= 1 "

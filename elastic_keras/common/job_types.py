@@ -32,6 +32,12 @@ _TRAINING_ONLY = (
     "on_non_finite_loss", "overlap_communication", "evaluation_steps", "checkpoint_dir",
     "checkpoint_steps", "keep_checkpoint_max",
 )
+# Flags only workers read.
+_WORKERS_ONLY = (
+    "num_workers", "max_workers", "minibatch_size", "num_minibatches_per_task",
+    "max_task_retries", "progress_report_minibatches", "relaunch_on_worker_failure",
+    "worker_heartbeat_timeout", "task_timeout_floor",
+)
 # Per job type: the data flag it reads (required), and the other flags it refuses.
 _DATA = {TRAIN: "training_data", EVALUATE: "validation_data", PREDICT: "prediction_data"}
 _REFUSED = {
@@ -40,7 +46,7 @@ _REFUSED = {
     PREDICT: _TRAINING_ONLY + ("training_data", "validation_data"),
     # Export reads no data flag (one may be given: its first records shape the SavedModel's
     # input signature) and runs no workers.
-    EXPORT: _TRAINING_ONLY + ("ensemble", "ensemble_combiner", "num_workers", "max_workers"),
+    EXPORT: _TRAINING_ONLY + _WORKERS_ONLY + ("ensemble", "ensemble_combiner"),
 }
 _ENSEMBLE_PREFIX = "last-"
 
@@ -58,7 +64,8 @@ def check(job):
         raise ConfigError(f"{command} needs {_flag(data)}. Received: no {_flag(data)}")
     for name in _REFUSED[job.job_type]:
         if _given(job, name):
-            why = ("it trains nothing" if name in _TRAINING_ONLY and job.job_type != TRAIN
+            why = ("it trains nothing" if name in _TRAINING_ONLY
+                   else "it runs no workers" if name in _WORKERS_ONLY and job.job_type == EXPORT
                    else "it does not read it")
             raise ConfigError(f"{_flag(name)} does not apply to {command}: {why}. "
                               f"Received: {_flag(name)} {getattr(job, name)!r}")
@@ -80,6 +87,12 @@ def check(job):
                           f"directory. Received: {job.checkpoint_dir_for_init!r}")
     if job.ensemble:
         ensemble_size(job)
+    elif _given(job, "ensemble_combiner") and "," not in job.checkpoint_dir_for_init:
+        raise ConfigError(
+            "--ensemble-combiner combines the outputs of an ensemble: it needs several "
+            "--checkpoint-dir-for-init directories or --ensemble last-K. Received: "
+            f"--ensemble-combiner {job.ensemble_combiner} with one checkpoint directory "
+            f"{job.checkpoint_dir_for_init!r}")
 
 
 def ensemble_size(job):

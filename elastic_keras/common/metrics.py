@@ -184,6 +184,15 @@ class MetricSums:
                                       else _merge(state.name, earlier, received))
             self._merged = merged
 
+    def check(self, states, eval_metrics_fn):
+        """Raises what `add(states)` and then `results(eval_metrics_fn)` would raise, and
+        changes nothing: a task's states are checked before the task counts as done."""
+        trial = MetricSums()
+        with self._lock:
+            trial._merged = dict(self._merged)
+        trial.add(states)
+        trial.results(eval_metrics_fn)
+
     def results(self, eval_metrics_fn):
         """`{name: float, or a list for a metric with several values}` of every metric some
         task reported, computed from the merged states.

@@ -138,7 +138,8 @@ class ModelSpec:
 
         Raises:
             ModelSpecError: it returned no `tf.data.Dataset`, or, in a mode other than
-                prediction, one whose elements are not `(features, labels)` pairs.
+                prediction, one whose elements are not `(features, labels)` pairs (in
+                prediction: tuples of more than 3).
         """
         import tensorflow as tf  # the master's and the CLI's imports stay light
 
@@ -154,6 +155,12 @@ class ModelSpec:
                 f"only in mode 'prediction'). Received: a dataset of "
                 f"{_describe_elements(elements)}"
             )
+        if mode == Mode.PREDICTION and isinstance(elements, tuple) and len(elements) > 3:
+            raise ModelSpecError(
+                f"{call} must return a dataset of features, (features,), (features, labels) "
+                "or (features, labels, sample_weights), as Keras's predict reads them (a "
+                "model with a tuple of inputs: ((x1, x2),)). Received: a dataset of "
+                f"{_describe_elements(elements)}")
         return returned
 
     def check_loss(self, loss):

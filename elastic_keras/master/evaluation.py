@@ -36,14 +36,21 @@ class Evaluations:
         self.results = list(results)
         self._next_version = model_version + self._every
 
-    def add(self, worker_id, metric_states, model_version):
-        """Merges one evaluation task's metric states; a task whose states cannot be
-        merged adds none of them (logged)."""
+    def check(self, metric_states):
+        """Why one evaluation task's metric states cannot be merged into the round or
+        turned into results with the others (the task's attempt then fails), or ""."""
         try:
-            self._sums.add(metric_states)
+            self._sums.check(metric_states, self._metrics_fn)
         except (PayloadError, ModelSpecError) as exc:
-            logger.error("Worker %d sent evaluation metrics that cannot be merged: %s",
-                         worker_id, exc)
+            return f"its evaluation metrics cannot be merged: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the module's metrics raised: named
+            return (f"the module's metrics raised {type(exc).__name__} on its states: "
+                    f"{exc}")
+        return ""
+
+    def add(self, metric_states, model_version):
+        """Merges one evaluation task's metric states, checked with `check` first."""
+        self._sums.add(metric_states)
         self._versions.append(model_version)
 
     def due(self, model_version):
@@ -58,7 +65,7 @@ class Evaluations:
         """Turns the round's merged states into results; returns them as recorded."""
         try:
             metrics = self._sums.results(self._metrics_fn)
-        except (PayloadError, ModelSpecError) as exc:
+        except Exception as exc:  # noqa: BLE001 - each task's states were checked: logged
             logger.error("The evaluation's metrics cannot be computed: %s", exc)
             metrics = {}
         self._sums = MetricSums()

@@ -24,6 +24,7 @@ class JobState:
         relaunches: `{role name: relaunches}`, counted against the relaunch budgets.
         role_exits: `[{"role", "exit_code", "reason"}]` of roles that stopped early.
         finished: the job had ended when the state was taken.
+        stopped_early: the epoch after which a callback ended the job (1-based), or None.
     """
 
     job_name: str
@@ -34,6 +35,7 @@ class JobState:
     relaunches: dict = dataclasses.field(default_factory=dict)
     role_exits: list = dataclasses.field(default_factory=list)
     finished: bool = False
+    stopped_early: "int | None" = None
 
     def to_json(self):
         return {"format": JOB_STATE_FORMAT, **dataclasses.asdict(self)}
@@ -51,9 +53,10 @@ class JobState:
                               f"format {JOB_STATE_FORMAT}). Received: {found!r}")
         kinds = {"job_name": str, "tasks": dict, "model_version": int,
                  "examples_trained": int, "evaluations": list, "relaunches": dict,
-                 "role_exits": list, "finished": bool}
+                 "role_exits": list, "finished": bool, "stopped_early": int}
         for name, kind in kinds.items():
-            if name in data and not isinstance(data[name], kind):
+            if name in data and not isinstance(data[name], kind) and not (
+                    name == "stopped_early" and data[name] is None):
                 raise ConfigError(f"{where}: job state field {name!r} must be of type "
                                   f"{kind.__name__}. Received: {data[name]!r:.80}")
         if "job_name" not in data or "tasks" not in data:

@@ -94,6 +94,7 @@ class Master:
         self._training_ended_at = None
         self._sample_file = ""  # a data file, for the SavedModel's input signature
         self.stopped_early = None  # the epoch after which a callback stopped the job
+        self._epoch_ended = False  # its callbacks and the next epoch are due
         self.status = StatusView(self)  # what the status page shows
         self._status_page = None
 
@@ -175,6 +176,7 @@ class Master:
         if start.resumed_from:
             self.evaluations.resume(start.earlier.evaluations, start.earlier.model_version)
             self.reports.note_version(start.earlier.model_version)
+            self.stopped_early = start.earlier.stopped_early
 
     def _serve(self):
         server, port = rpc.create_server(
@@ -227,22 +229,8 @@ class Master:
             self._ps_client.readdress(self.membership.ps_addresses()[1][:self.config.num_ps])
             self.scaling.apply(self.roles, self.reports.no_more_tasks)
             self._error = watch(self.config, self.membership, tasks, self.roles)
-            epoch = tasks.epoch_finished()
-            if epoch is not None:
-                if self.outputs.trains:
-                    logger.info("Epoch %d trained (model version %d)", epoch + 1,
-                                self.model_version)
-                if not tasks.start_evaluation(self.model_version):
-                    self._run_callbacks(self._next_epoch)
-            elif (self.evaluations.due(self.model_version)
-                  and tasks.start_evaluation(self.model_version, end_of_epoch=False)):
-                self.evaluations.started(self.model_version)
-            with self.reports.results_lock:  # no task ends between done and its outputs taken
-                finished_round = tasks.evaluation_finished()
-            if finished_round is not None:
-                self.outputs.round_closed(finished_round, self.evaluations)
-                if finished_round.end_of_epoch:
-                    self._run_callbacks(self._next_epoch)
+            self._epoch_ended = self._epoch_ended or self._rounds(tasks)
+            self._close_epoch()
             if tasks.finished:
                 self._error = tasks.error
                 return
@@ -255,6 +243,35 @@ class Master:
             time.sleep(_TICK_S)
 
     # -- epochs and callbacks ----------------------------------------------------------------
+
+    def _rounds(self, tasks):
+        """Opens and closes evaluation rounds; returns whether the epoch has ended (trained,
+        its closing round in): its callbacks and the next epoch are then due."""
+        epoch = tasks.epoch_finished()
+        if epoch is not None:
+            if self.outputs.trains:
+                logger.info("Epoch %d trained (model version %d)", epoch + 1,
+                            self.model_version)
+            if not tasks.start_evaluation(self.model_version):
+                return True
+        elif (self.evaluations.due(self.model_version)
+              and tasks.start_evaluation(self.model_version, end_of_epoch=False)):
+            self.evaluations.started(self.model_version)
+        with self.reports.results_lock:  # no task ends between done and its outputs taken
+            finished_round = tasks.evaluation_finished()
+        if finished_round is None:
+            return False
+        self.outputs.round_closed(finished_round, self.evaluations)
+        return finished_round.end_of_epoch
+
+    def _close_epoch(self):
+        """Runs an ended epoch's callbacks and begins the next. Callbacks may call the
+        shards (a learning rate, a ModelCheckpoint): with any, a shard down is waited for
+        until its replacement answers, rather than failing the callback."""
+        if self._epoch_ended and (not self.callbacks
+                                  or self.membership.shards_answering(CHECKPOINT_SILENCE_S)):
+            self._epoch_ended = False
+            self._run_callbacks(self._next_epoch)
 
     def _run_callbacks(self, step):
         try:
@@ -283,6 +300,7 @@ class Master:
             relaunches=dict(self.role_exits.counts),
             role_exits=self._earlier.role_exits + [e.to_json() for e in exits],
             finished=finished,
+            stopped_early=self.stopped_early,
         )
 
     def _checkpoint(self, finished=False):

@@ -78,6 +78,13 @@ class Membership:
         with self._lock:
             self._last_seen.pop(("ps", ps_id), None)
 
+    def ps_exited(self, ps_id):
+        """The shard's process has exited: `mark_ps_down`, and the bytes it reported stay
+        counted while its replacement counts from 0."""
+        self.mark_ps_down(ps_id)
+        with self._lock:
+            self._wire.ended(ps_id)
+
     def heartbeat(self, role, role_id):
         """Records a heartbeat; returns whether the role has registered with this master."""
         with self._lock:
@@ -190,11 +197,12 @@ class _WireTotals:
         self._before = {}  # ps id -> (received, sent) of its earlier runs
 
     def report(self, ps_id, counts):
-        last = self._last.get(ps_id, (0, 0))
-        if counts[0] < last[0] or counts[1] < last[1]:
-            before = self._before.get(ps_id, (0, 0))
-            self._before[ps_id] = (before[0] + last[0], before[1] + last[1])
         self._last[ps_id] = tuple(counts)
+
+    def ended(self, ps_id):
+        """The shard's run has ended: what it reported joins its earlier runs'."""
+        last, before = self._last.pop(ps_id, (0, 0)), self._before.get(ps_id, (0, 0))
+        self._before[ps_id] = (before[0] + last[0], before[1] + last[1])
 
     def of(self, ps_id):
         last, before = self._last.get(ps_id, (0, 0)), self._before.get(ps_id, (0, 0))

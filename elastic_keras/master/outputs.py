@@ -3,7 +3,8 @@ train, evaluate, predict and export.
 
 - train: with `--output`, the trained model as a SavedModel (`OUTPUT/saved_model`);
 - evaluate: the metrics of its one evaluation round, printed and written to
-  `OUTPUT/evaluation.json` (`{"checkpoints", "model_version", "records", "metrics"}`);
+  `OUTPUT/evaluation.json` (`{"checkpoints", "model_version", "ensemble_combiner",
+  "metrics"}`);
 - predict: every record's prediction, handed to the module's `PredictionOutputsProcessor` or
   written under `OUTPUT/predictions/` (see `predictions`);
 - export: the restored model as the same SavedModel training writes, `OUTPUT/saved_model`.
@@ -42,6 +43,7 @@ class JobOutputs:
         self.members = []     # the checkpoints the job's models come from
         self.sink = None      # a prediction job's `PredictionSink`
         self._processor = None
+        self._error = ""
         if self.job_type == job_types.EVALUATE and spec.eval_metrics_fn is None:
             raise ModelSpecError(f"Model module '{spec.module_name}' defines no "
                                  "eval_metrics_fn(): elastic-keras evaluate needs it.")
@@ -72,13 +74,18 @@ class JobOutputs:
 
     def round_closed(self, finished_round, evaluations):
         """An evaluation round (a prediction job's: its prediction round) has ended."""
-        if self.job_type != job_types.PREDICT:
-            evaluations.close(finished_round)
+        if self.job_type == job_types.PREDICT:
+            return
+        result = evaluations.close(finished_round)
+        if self.job_type == job_types.EVALUATE and not result["metrics"]:
+            self._error = ("the evaluation produced no metrics: eval_metrics_fn() returned "
+                           "none, or their merged states could not be computed (see the log)")
 
     @property
     def error(self):
-        """Why the job must fail for its outputs (a processor that raised), or ""."""
-        return self.sink.error if self.sink else ""
+        """Why the job must fail for its outputs (a processor that raised, an evaluation
+        without metrics), or ""."""
+        return self._error or (self.sink.error if self.sink else "")
 
     def close(self):
         """At the end of any job: lets a prediction sink's thread finish."""

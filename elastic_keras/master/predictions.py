@@ -14,7 +14,8 @@ arrive. So every record is predicted exactly once, whatever dies on the way.
 - Without one, each done task becomes one file, `OUTPUT/predictions/part-FFFFF-SSSSSSSSSS.jsonl`
   (F: the data file's place in the sorted list of files, S: the task's first record), written
   atomically: one JSON object per record, in record order, `{"file": path, "record": index in
-  the file, "prediction": ...}`, so predictions join back to their records.
+  the file, "prediction": ...}`, so predictions join back to their records. Part files an
+  earlier job left there are removed when the job starts.
 """
 
 import json
@@ -49,6 +50,8 @@ class PredictionSink:
         self._minibatch_size = minibatch_size
         self._processor = processor
         self._directory = os.path.join(output, PREDICTIONS_DIR) if output else ""
+        if processor is None and self._directory:
+            _remove_earlier_parts(self._directory)
         self.records = 0   # records whose predictions were handed on
         self.error = ""    # why the processor failed: the job fails
         # Workers' reports only queue: a slow processor holds no report past its deadline.
@@ -86,7 +89,7 @@ class PredictionSink:
                 raise PayloadError(
                     f"output {tensor.name!r} must hold one row per record of the task "
                     f"({task.num_records}). Received: shape {tuple(array.shape)}")
-            outputs[tensor.name] = array
+            outputs[tensor.name] = np.array(array)  # its own, writable: the processor's
         return outputs
 
     def add(self, task, worker_id, outputs):
@@ -144,6 +147,21 @@ class PredictionSink:
         os.makedirs(self._directory, exist_ok=True)
         with atomic_write(path, "w") as stream:
             stream.write("\n".join(lines) + "\n")
+
+
+def _remove_earlier_parts(directory):
+    """Removes the part files an earlier prediction job left in `directory` (they would mix
+    with this job's); nothing else there is touched."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    earlier = [n for n in names if n.startswith("part-") and n.endswith(".jsonl")]
+    for name in earlier:
+        os.unlink(os.path.join(directory, name))
+    if earlier:
+        logger.info("Removed %d prediction files an earlier job left in %s", len(earlier),
+                    directory)
 
 
 def _as_returned(named):

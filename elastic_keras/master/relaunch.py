@@ -77,7 +77,7 @@ class RoleExitPolicy:
 
     def _ps_exited(self, exit_):
         master, role = self._master, exit_.role
-        master.membership.mark_ps_down(role.index)
+        master.membership.ps_exited(role.index)
         budget = master.config.relaunch_on_ps_failure
         if self.counts[role.name] >= budget:
             return (f"{role} {exit_.describe()} and has been relaunched {budget} times "

@@ -6,8 +6,9 @@ push account, the minibatches workers skipped (`skipped_minibatches`), the evalu
 and the highest model version seen; the main loop reads them back for its policy and for
 the progress line. A result marked fatal (no retry can help) fails the job at once; `fatal`
 keeps why ("model_module": the job then ends as a bad model module does). A prediction task's
-outputs go to `predictions` (a `PredictionSink`) once it ends done; outputs that do not fit
-its records fail the attempt instead.
+outputs go to `predictions` (a `PredictionSink`) once it ends done, an evaluation task's
+metric states to `evaluations`; outputs that do not fit its records, and metric states that
+cannot be merged with the round's, fail the attempt instead.
 """
 
 import collections
@@ -127,6 +128,8 @@ class Reports:
         before = self.tasks.records_done(task_id)
         fatal = fatal if error and not abandoned else ""
         with self.results_lock:
+            if not error and not abandoned:
+                error = self._unmergeable(task_id, metric_states)
             task, outcome = self.tasks.report_result(task_id, records_done, error, abandoned,
                                                      fatal=bool(fatal))
             if (task is not None and task.type != TaskType.TRAINING
@@ -153,7 +156,16 @@ class Reports:
         if task.type == TaskType.PREDICTION:
             self.predictions.add(task, worker_id, outputs)
         else:
-            self.evaluations.add(worker_id, metric_states, model_version)
+            self.evaluations.add(metric_states, model_version)
+
+    def _unmergeable(self, task_id, metric_states):
+        """Why an evaluation task's metric states cannot join its round (the attempt then
+        fails), or "". Called with `results_lock` held: no other task's states join
+        between this check and the task's own."""
+        task = self.tasks.running(task_id)
+        if task is None or task.type != TaskType.EVALUATION:
+            return ""
+        return self.evaluations.check(metric_states)
 
     def _predictions_of(self, task_id, tensors):
         """(`{name: array}`, "") of a prediction task's outputs, or ({}, why they do not
@@ -217,7 +229,7 @@ class Reports:
         now = time.monotonic()
         if events and loss is not None and now - self._events_at >= EVENTS_EVERY_S:
             self._events_at = now
-            waiting, running = self.tasks.training_load()
+            waiting, running = self.tasks.load()
             events.scalars({
                 "train/loss": loss, "train/examples_per_second": examples_per_second,
                 "train/tasks_waiting": waiting, "train/tasks_running": running,

@@ -1,9 +1,10 @@
 """`/metrics`: the job's status in the Prometheus text format (version 0.0.4).
 
 Every sample carries `job="<job name>"`. Gauges: examples per second, training loss, model
-version (job and per shard), epoch, tasks waiting (the queue's depth) and running, workers
-alive, the last evaluation's metrics, per shard its table rows and resident memory, seconds
-since each role's last heartbeat. Counters: records done, relaunches per role, pushes
+version (job and per shard), epoch, records of the epoch (or round) done, tasks waiting (the
+queue's depth, of any type) and running, workers alive, the last evaluation's metrics, per
+shard its table rows and resident memory, seconds since each role's last heartbeat.
+Counters: relaunches per role, pushes
 applied per shard and staleness, pushes rejected as stale per shard, bytes each shard
 received and sent (its messages as serialized for the wire, across its relaunches).
 """
@@ -29,7 +30,7 @@ def render(snapshot):
     out.gauge("tasks_running", "Tasks held by workers.", [(job, progress.get("tasks_running"))])
     out.gauge("workers_alive", "Workers running and not leaving.",
               [(job, progress.get("workers_alive"))])
-    out.counter("records_done", "Records of the current epoch or round done.",
+    out.gauge("records_done", "Records of the current epoch (or round) done.",
                 [(job, progress.get("records_done"))])
     out.counter("relaunches", "Relaunches of a role.",
                 [({**job, "role": role}, n)

@@ -5,6 +5,10 @@ job (on a cluster: through a port forward).
   redraws itself from `/status.json` every two seconds);
 - `/status.json`: `StatusView.snapshot()`;
 - `/metrics`: the same in the Prometheus text format (`status_metrics`).
+
+A request whose `Host` names anything but the loopback (127.0.0.1, localhost, [::1], any
+port) is refused with 403: a web page elsewhere cannot rebind its own name to 127.0.0.1 and
+read the job's status from the user's browser.
 """
 
 import http.server
@@ -19,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 PAGE = pathlib.Path(__file__).with_name("status_page.html")
 HOST = "127.0.0.1"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
 def start_status_page(view, config):
@@ -63,6 +68,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - the http.server name
         path = self.path.split("?", 1)[0]
+        host = self.headers.get("Host")
+        if host is not None and _hostname(host) not in LOOPBACK_NAMES:
+            self._send(403, "text/plain", "The status page answers requests for 127.0.0.1 "
+                       f"or localhost only. Received: Host {host[:100]!r}\n".encode())
+            return
         try:
             if path in ("/", "/index.html"):
                 self._send(200, "text/html; charset=utf-8", self.page)
@@ -89,3 +99,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):  # noqa: A002 - quiet: one line per request
         logger.debug("status page: " + format, *args)
+
+
+def _hostname(host):
+    """The name of a `Host` header without its port, lower-cased ("[::1]" keeps brackets)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if ":" in host else host

@@ -97,7 +97,7 @@ class StatusView:
                     "stopped_early": master.stopped_early}
         if tasks is None:
             return progress
-        waiting, _ = tasks.training_load()
+        waiting, _ = tasks.load()
         progress.update(tasks_waiting=waiting, tasks_running=len(tasks.running_tasks()))
         if master.config.job_type == "train":
             epoch, done, total = tasks.progress()

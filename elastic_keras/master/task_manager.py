@@ -14,9 +14,8 @@ worker reported (evaluation and prediction tasks start over: their result holds 
 
 Evaluation rounds (`start_evaluation`, see `evaluation_rounds`) pause the training tasks;
 `get()` returns None meanwhile (the worker waits). `state()` and `from_state` carry the
-queue across a restart of the master (see `task_state`).
-
-All methods are thread-safe: the master's gRPC threads and its main loop share one manager.
+queue across a restart of the master (see `task_state`). All methods are thread-safe: the
+master's gRPC threads and its main loop share one manager.
 
 Example:
     tasks = TaskManager([("train-0.tfrecord", 1000)], records_per_task=100, num_epochs=2,
@@ -121,12 +120,12 @@ class TaskManager:
         with self._lock:
             return getattr(self._doing.get(task_id), "records_done", 0)
 
-    def training_load(self):
-        """(training tasks that `get()` may hand out now, training tasks running); the
-        first is 0 while an evaluation round is open (none is handed out then)."""
+    def load(self):
+        """(tasks of any type waiting to be handed out: the queue's depth, training tasks
+        running). While a round is open its tasks wait, the epoch's training tasks do not."""
         with self._lock:
-            waiting = 0 if self._rounds.open_round is not None else len(self._todo)
-            return waiting, self._training_running_locked()
+            training = 0 if self._rounds.open_round is not None else len(self._todo)
+            return training + len(self._rounds.waiting), self._training_running_locked()
 
     def _training_running_locked(self):
         return len(self._doing.of_type())

@@ -10,8 +10,13 @@ the metrics see them (`combine`):
 - vote: each member votes for one class per record, its output's argmax (an output of one
   unit: class 1 when above 0.5); the class with most votes wins (ties: the lowest class),
   returned one-hot in the output's shape and dtype.
+
+A minibatch is read as Keras's `fit` and `predict` read one: a tuple is `(features,)`,
+`(features, labels)` or `(features, labels, sample_weights)`, anything else is features. A
+model whose inputs are a tuple gets them from a prediction dataset of `((x1, x2),)`.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -39,7 +44,8 @@ class Inference:
         values are pulled at the first."""
         first = True
         for batch in batches:
-            features, labels = batch if isinstance(batch, tuple) else (batch, None)
+            # As Keras's fit and predict read a batch: x, (x,), (x, y) or (x, y, weights).
+            features, labels, _ = keras.utils.unpack_x_y_sample_weight(batch)
             if first:
                 for member in self._members:
                     member.prepare(features)

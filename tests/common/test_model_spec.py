@@ -295,6 +295,18 @@ def test_apply_dataset_fn_names_what_dataset_fn_yields(returned, received):
     assert str(info.value).endswith(f"Received: {received}")
 
 
+def test_a_prediction_dataset_is_read_as_keras_predict_reads_one():
+    import tensorflow as tf
+
+    for element in ([1.0], ([1.0],), ([1.0], [0]), ([1.0], [0], [1.0])):
+        dataset = tf.data.Dataset.from_tensor_slices(element)
+        assert _spec().apply_dataset_fn(dataset, Mode.PREDICTION, None) is dataset
+    four = tf.data.Dataset.from_tensor_slices(([1.0], [0], [1.0], [2.0]))
+    with pytest.raises(ModelSpecError, match=r"\(\(x1, x2\),\)\)\. Received: a dataset of "
+                                             r"tuples of 4"):
+        _spec().apply_dataset_fn(four, Mode.PREDICTION, None)
+
+
 def test_check_loss_takes_scalars_and_refuses_tensors_with_their_shape():
     import numpy as np
     import tensorflow as tf

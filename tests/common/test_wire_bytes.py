@@ -31,6 +31,12 @@ def test_a_relaunched_shards_bytes_add_to_its_earlier_runs():
     membership = Membership(1)
     membership.report_version(0, 1, wire_bytes=(100, 300))
     membership.report_version(0, 2, wire_bytes=(150, 400))
-    membership.report_version(0, 2, wire_bytes=(10, 20))  # its replacement, counting anew
+    membership.ps_exited(0)
+    # Its replacement counts anew, and its first report may already exceed the last one.
+    membership.report_version(0, 2, wire_bytes=(500, 20))
     _, shards = membership.view()
-    assert (shards[0]["bytes_received"], shards[0]["bytes_sent"]) == (160, 420)
+    assert (shards[0]["bytes_received"], shards[0]["bytes_sent"]) == (650, 420)
+    membership.ps_exited(0)  # an exit seen twice (watchdog, then the process) adds nothing
+    membership.ps_exited(0)
+    _, shards = membership.view()
+    assert (shards[0]["bytes_received"], shards[0]["bytes_sent"]) == (650, 420)

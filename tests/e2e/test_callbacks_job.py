@@ -3,7 +3,7 @@ LearningRateScheduler sets the parameter servers' rate each epoch (read back fro
 user callback, and from the final checkpoint), EarlyStopping on val_accuracy ends a 4-epoch
 job after its second epoch (succeeded, stopped_early), ModelCheckpoint keeps the best model,
 a TensorBoard callback's log_dir gets the job's events, and the user callback receives every
-hook with fit's logs."""
+hook with fit's logs. Run again, the finished job stays stopped early."""
 
 import json
 
@@ -65,13 +65,13 @@ def test_callbacks_drive_the_rate_stop_early_and_keep_the_best_model(mnist_recor
     module = tmp_path / "mnist_callbacks.py"
     module.write_text(MODULE)
     log = tmp_path / "callbacks.jsonl"
-    result = run_cli(
-        "train", "--model-zoo", ROOT, "--model-def", module,
-        "--training-data", mnist_records / "train", "--validation-data", mnist_records / "test",
-        "--num-workers", "2", "--minibatch-size", "64", "--num-epochs", "4",
-        "--checkpoint-dir", tmp_path / "ckpt", "--output", tmp_path / "out",
-        "--job-name", "callbacks-e2e",
-        env={"PYTHONPATH": str(ROOT), "CALLBACK_LOG": str(log), "CALLBACK_OUT": str(tmp_path)})
+    job = ("train", "--model-zoo", ROOT, "--model-def", module,
+           "--training-data", mnist_records / "train", "--validation-data", mnist_records / "test",
+           "--num-workers", "2", "--minibatch-size", "64", "--num-epochs", "4",
+           "--checkpoint-dir", tmp_path / "ckpt", "--output", tmp_path / "out",
+           "--job-name", "callbacks-e2e")
+    env = {"PYTHONPATH": str(ROOT), "CALLBACK_LOG": str(log), "CALLBACK_OUT": str(tmp_path)}
+    result = run_cli(*job, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["event"] for e in events] == ["train_begin", "epoch_begin", "epoch_end",
@@ -95,3 +95,10 @@ def test_callbacks_drive_the_rate_stop_early_and_keep_the_best_model(mnist_recor
     assert list((tmp_path / "tb").iterdir())
     assert not (tmp_path / "out" / "tensorboard").exists()
     assert "stopped early after epoch 2" in result.stderr
+    # Run again, it resumes the finished job: still stopped after epoch 2, nothing trained.
+    again = run_cli(*job, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "job_summary.json").read_text())
+    assert (summary["status"], summary["stopped_early"]) == ("succeeded", 2)
+    assert len(summary["epochs"]) == 2 and summary["evaluations"][-1]["model_version"] == (
+        summary["final_model_version"])

@@ -149,3 +149,32 @@ def test_reduce_lr_on_plateau_halves_a_real_shards_rate_when_the_loss_stalls(tmp
     finally:
         client.close()
         server.stop(0)
+
+
+def test_an_ended_epochs_callbacks_wait_for_a_shard_down_to_answer_again(tmp_path):
+    """Callbacks may call the shards: with one being relaunched, the master's loop holds the
+    epoch's end (no task of the next epoch goes out) until every shard answers."""
+    import io
+
+    from elastic_keras.master.console import Console
+    from elastic_keras.master.instance_manager import LocalInstanceManager
+    from elastic_keras.master.master import Master
+
+    job = _job(tmp_path, "")
+    master = Master(job.model._config, job.model._spec, engine=LocalInstanceManager(),
+                    console=Console(stream=io.StringIO()))
+    recorder = _Recorder()
+    recorder.set_model(master.callbacks.model)
+    master.callbacks._callbacks = [recorder]
+    master.reports.tasks = TaskManager([("a", 4)], 4, 2, 0)
+    task = master.tasks.get(0)
+    master.tasks.report_result(task.task_id, 4)
+    master._epoch_ended = master._rounds(master.tasks)
+    assert master._epoch_ended  # trained, and no validation round to wait for
+    master.membership.register_ps(0, "127.0.0.1:1")
+    master.membership.ps_exited(0)  # down: its replacement has not registered yet
+    master._close_epoch()
+    assert recorder.seen == [] and master.tasks.epoch == 0 and master.tasks.get(0) is None
+    master.membership.register_ps(0, "127.0.0.1:2")
+    master._close_epoch()
+    assert [epoch for epoch, _ in recorder.seen] == [0] and master.tasks.epoch == 1

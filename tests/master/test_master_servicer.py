@@ -6,6 +6,7 @@ A real `Master` (not run: nothing is launched) with a real `TaskManager` is serv
 
 import io
 
+import keras
 import numpy as np
 import pytest
 
@@ -178,6 +179,29 @@ def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, mas
                                   model_version=7, metric_states=to_states(metrics))
     assert master.tasks.evaluation_finished() == (0, 7, True)
     assert master.tasks.tasks_done == 6
+
+
+def test_metric_states_that_cannot_be_merged_fail_the_attempt_not_the_round(client, master,
+                                                                           spec):
+    tasks, _ = _take_all(client, worker_id=0)
+    for worker_id, task in enumerate(tasks):
+        client.report_task_result(worker_id, task.task_id, task.end - task.start)
+    assert master.tasks.epoch_finished() == 0 and master.tasks.start_evaluation(7)
+    first, second = client.get_task(0), client.get_task(1)
+    good = build_metrics(spec.eval_metrics_fn)
+    good["accuracy"].update_state(np.array([1, 2]), np.eye(10, dtype=np.float32)[[1, 3]])
+    # An AUC's variables under the name "accuracy": each decodes, none fits the metric.
+    wrong = build_metrics(lambda: {"accuracy": keras.metrics.AUC()})
+    client.report_task_result(0, first.task_id, first.end - first.start, model_version=7,
+                              metric_states=to_states(wrong))
+    assert master.tasks.tasks_failed == 1 and not master.tasks.failed  # an attempt, retried
+    again = client.get_task(2)
+    assert (again.path, again.start, again.end) == (first.path, first.start, first.end)
+    for worker_id, task in ((1, second), (2, again)):
+        client.report_task_result(worker_id, task.task_id, task.end - task.start,
+                                  model_version=7, metric_states=to_states(good))
+    finished = master.tasks.evaluation_finished()
+    assert master.evaluations.close(finished)["metrics"] == {"accuracy": 0.5}
 
 
 def test_heartbeat_says_when_the_job_has_finished(client, master):

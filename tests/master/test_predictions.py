@@ -87,6 +87,16 @@ def test_a_model_with_named_outputs_writes_them_by_name(tmp_path):
     assert first["prediction"] == {"score": 0.5, "label": [1]}
 
 
+def test_the_part_files_an_earlier_job_left_are_removed_and_nothing_else(tmp_path):
+    directory = tmp_path / "predictions"
+    directory.mkdir()
+    (directory / "part-00007-0000000000.jsonl").write_text("an earlier job's\n")
+    (directory / "notes.txt").write_text("the user's")
+    sink = PredictionSink(["/data/f1.rec"], 2, output=str(tmp_path))
+    assert sink.close() == ""
+    assert [f.name for f in directory.iterdir()] == ["notes.txt"]
+
+
 class _Recorder:
     def __init__(self, fail_at=None):
         self.calls, self.fail_at = [], fail_at
@@ -105,6 +115,20 @@ def test_a_processor_gets_every_minibatch_of_a_task_in_record_order():
     sink.close()
     assert [(c.tolist(), w) for c, w in processor.calls] == [([0, 1], 3), ([2, 3], 3), ([4], 3)]
     assert sink.where == "_Recorder.process"
+
+
+def test_a_processor_gets_arrays_of_its_own_it_may_change():
+    seen = []
+
+    class Doubler:
+        def process(self, predictions, worker_id):
+            predictions *= 2  # in place: a read-only view of the wire bytes would raise
+            seen.append(predictions.tolist())
+
+    sink = PredictionSink(["/data/f1.rec"], 4, processor=Doubler())
+    task = _task(start=0, end=3)
+    sink.add(task, 0, sink.decode(task, [encode("", np.arange(3, dtype=np.float32))]))
+    assert sink.close() == "" and seen == [[0.0, 2.0, 4.0]]
 
 
 def test_a_processor_that_raises_fails_the_job_naming_the_records():

@@ -48,10 +48,11 @@ def test_metrics_parse_as_prometheus_text_with_the_jobs_label():
     families = _families()
     expected = {"elastic_keras_examples_per_second": 850.5, "elastic_keras_loss": 0.25,
                 "elastic_keras_tasks_waiting": 7, "elastic_keras_workers_alive": 2,
-                "elastic_keras_model_version": 120}
+                "elastic_keras_model_version": 120, "elastic_keras_records_done": 1000}
     for name, value in expected.items():
         (sample,) = families[name].samples
         assert sample.value == value and sample.labels == {"job": 'demo "job"'}
+    assert families["elastic_keras_records_done"].type == "gauge"  # it restarts each epoch
     assert families["elastic_keras_relaunches"].type == "counter"
     rows = {s.labels["table"]: s.value for s in families["elastic_keras_ps_table_rows"].samples}
     assert rows == {"embedding": 300}
@@ -105,6 +106,23 @@ def test_the_server_answers_on_loopback_with_the_page_json_and_metrics(server):
     with pytest.raises(urllib.error.HTTPError) as missing:
         _get(server.url + "admin")
     assert missing.value.code == 404
+
+
+@pytest.mark.parametrize("host, code", [
+    ("127.0.0.1:{port}", 200), ("localhost:{port}", 200), ("LOCALHOST", 200), ("[::1]:80", 200),
+    ("evil.example:{port}", 403), ("127.0.0.1.evil.example", 403), ("", 403),
+])
+def test_only_requests_for_the_loopback_are_answered(server, host, code):
+    port = server.url.rsplit(":", 1)[1].strip("/")
+    request = urllib.request.Request(server.url + "status.json",
+                                     headers={"Host": host.format(port=port)})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            got = answer.status
+    except urllib.error.HTTPError as refused:
+        got = refused.code
+        assert b"127.0.0.1 or localhost only" in refused.read()
+    assert got == code
 
 
 def test_a_failing_view_answers_500_and_the_server_lives_on():

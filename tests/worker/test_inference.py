@@ -1,10 +1,14 @@
-"""How an ensemble's outputs combine, and which model outputs can travel as predictions."""
+"""How an ensemble's outputs combine, which model outputs can travel as predictions, and
+how a prediction minibatch is read."""
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from elastic_keras.common.errors import ModelSpecError
-from elastic_keras.worker.inference import _named_outputs, combine
+from elastic_keras.common.transfer.tensor_codec import decode
+from elastic_keras.worker.inference import Inference, _named_outputs, combine
 
 
 def test_one_member_is_its_own_output():
@@ -61,3 +65,32 @@ def test_small_ints_and_bfloat16_outputs_travel_widened():
     named = _named_outputs({"k": np.array([1, 2], np.uint8),
                             "b": np.array([0.5], ml_dtypes.bfloat16)})
     assert named["k"].dtype == np.int32 and named["b"].dtype == np.float32
+
+
+class _Model:
+    """A member as `Inference` uses one (a Trainer's `prepare` and `forward`), over a real
+    Keras model of two inputs taken as a tuple."""
+
+    model_version = 3
+
+    def __init__(self):
+        left, right = keras.Input((2,)), keras.Input((2,))
+        self.model = keras.Model((left, right), keras.layers.Add()([left, right]))
+
+    def prepare(self, features):
+        pass
+
+    def forward(self, features):
+        return self.model(features)
+
+
+@pytest.mark.parametrize("element", [
+    lambda x1, x2: ((x1, x2),),                # the Keras way to give tuple inputs
+    lambda x1, x2: ((x1, x2), tf.zeros([4])),  # with labels, ignored
+    lambda x1, x2: ((x1, x2), tf.zeros([4]), tf.ones([4])),
+])
+def test_a_model_of_tuple_inputs_predicts_as_keras_reads_its_batches(element):
+    x1, x2 = tf.ones([4, 2]), tf.fill([4, 2], 2.0)
+    batches = tf.data.Dataset.from_tensors(element(x1, x2)).unbatch().batch(3)
+    (tensor,) = Inference(spec=None, members=[_Model()]).predict(batches, num_records=4)
+    np.testing.assert_array_equal(decode(tensor), np.full((4, 2), 3.0, np.float32))
