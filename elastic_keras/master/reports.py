@@ -229,7 +229,7 @@ class Reports:
         now = time.monotonic()
         if events and loss is not None and now - self._events_at >= EVENTS_EVERY_S:
             self._events_at = now
-            waiting, running = self.tasks.load()
+            waiting, running = self.tasks.training_load()
             events.scalars({
                 "train/loss": loss, "train/examples_per_second": examples_per_second,
                 "train/tasks_waiting": waiting, "train/tasks_running": running,

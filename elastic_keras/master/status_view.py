@@ -97,8 +97,7 @@ class StatusView:
                     "stopped_early": master.stopped_early}
         if tasks is None:
             return progress
-        waiting, _ = tasks.load()
-        progress.update(tasks_waiting=waiting, tasks_running=len(tasks.running_tasks()))
+        progress.update(tasks_waiting=tasks.waiting(), tasks_running=len(tasks.running_tasks()))
         if master.config.job_type == "train":
             epoch, done, total = tasks.progress()
             progress.update(epoch=epoch + 1, num_epochs=master.config.num_epochs,

@@ -120,12 +120,16 @@ class TaskManager:
         with self._lock:
             return getattr(self._doing.get(task_id), "records_done", 0)
 
-    def load(self):
-        """(tasks of any type waiting to be handed out: the queue's depth, training tasks
-        running). While a round is open its tasks wait, the epoch's training tasks do not."""
+    def training_load(self):
+        """(training tasks `get()` may hand out now: 0 while a round is open, running)."""
         with self._lock:
-            training = 0 if self._rounds.open_round is not None else len(self._todo)
-            return training + len(self._rounds.waiting), self._training_running_locked()
+            waiting = 0 if self._rounds.open_round is not None else len(self._todo)
+            return waiting, self._training_running_locked()
+
+    def waiting(self):
+        """Tasks of any type waiting to be handed out (the queue's depth)."""
+        with self._lock:
+            return len(self._todo) + len(self._rounds.waiting)
 
     def _training_running_locked(self):
         return len(self._doing.of_type())
@@ -181,13 +185,10 @@ class TaskManager:
             end_of_epoch: True for the round that closes the epoch (after `epoch_finished()`
                 returned it), False for a round in the middle of an epoch.
 
-        Returns:
-            False, queuing nothing, with no validation data, once the job is over, once the
-            epoch's closing round has ended, or for a mid-epoch round while one is open.
-            True otherwise (a round already open then closes the epoch).
-
-        Raises:
-            ValueError: `end_of_epoch` is True while the epoch still has training to do.
+        Returns False, queuing nothing, with no validation data, once the job is over, once
+        the epoch's closing round has ended, or for a mid-epoch round while one is open;
+        else True (a round already open then closes the epoch). Raises ValueError if
+        `end_of_epoch` while the epoch still has training to do.
         """
         with self._lock:
             if self._finished_locked() or self.epoch >= self.num_epochs:

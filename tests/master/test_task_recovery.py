@@ -175,7 +175,7 @@ def test_mid_epoch_round_waits_for_running_training_and_holds_back_the_rest():
     assert manager.start_evaluation(7, end_of_epoch=False)
     assert not manager.start_evaluation(8, end_of_epoch=False)  # one round at a time
     assert manager.get(2) is None  # no training handed out, no evaluation yet
-    assert manager.load() == (2, 2)  # the round's tasks wait, the epoch's training does not
+    assert manager.training_load() == (0, 2) and manager.waiting() == 2 + 2  # 2 of each
     manager.report_result(first.task_id, 4)
     assert manager.get(2) is None  # `second` still trains
     assert manager.evaluation_finished() is None and manager.epoch_finished() is None
@@ -190,7 +190,7 @@ def test_mid_epoch_round_waits_for_running_training_and_holds_back_the_rest():
     assert manager.evaluation_finished() == EvalRound(0, 7, False)
     assert manager.evaluation_finished() is None
 
-    assert manager.load() == (2, 0)
+    assert manager.training_load() == (2, 0)
     rest = drain(manager)
     assert [t.type for t in rest] == [TaskType.TRAINING] * 2
     assert manager.epoch_finished() == 0
@@ -267,7 +267,7 @@ def test_state_round_trip_mid_epoch_with_running_and_partly_reported_tasks():
     retry = manager.get(3)  # the retry of `failing`, from its record 1
     manager.report_progress(retry.task_id, 1)
     silent = manager.get(4)  # reports nothing
-    waiting = manager.load()[0]
+    waiting = manager.training_load()[0]
     assert (retry.start, retry.retries, waiting) == (failing.start + 1, 1, 1)
 
     state = manager.state()
@@ -280,7 +280,7 @@ def test_state_round_trip_mid_epoch_with_running_and_partly_reported_tasks():
     assert restored.progress() == manager.progress() == (1, done.num_records + 5, 18)
     assert (restored.tasks_done, restored.tasks_failed) == (6, 1)
     assert restored.tasks_requeued == 1 + 3  # the error, then the 3 running tasks
-    assert restored.load() == (4, 0)
+    assert restored.training_load() == (4, 0)
     # Old ids are never reused: a worker's late result for them is ignored.
     assert restored.report_result(reported.task_id, reported.num_records) == (None, "ignored")
 
