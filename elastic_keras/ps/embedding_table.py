@@ -104,7 +104,7 @@ class EmbeddingTable:
 
     @property
     def capacity(self):
-        """How many rows the arrays have room for."""
+        """How many rows the arrays have room for (removed rows' places are reused)."""
         return len(self._values)
 
     @property
@@ -180,19 +180,24 @@ class EmbeddingTable:
 
         The table must not change while the iterator is in use.
         """
-        ids = self._ids.ids()
+        ids, slots = self._ids.items()
         for start in range(0, len(ids), chunk_rows):
-            end = start + chunk_rows
-            yield ids[start:end], self._values[start:min(end, len(ids))].copy()
+            chunk = slots[start:start + chunk_rows]
+            yield ids[start:start + chunk_rows], np.take(self._values, chunk, axis=0)
 
     def state(self):
         """A `TableState` copy of every row and slot, for checkpoints."""
-        count = self.num_rows
+        ids, slots = self._ids.items()
         return TableState(
-            ids=self._ids.ids(),
-            values=self._values[:count].copy(),
-            slots={name: array[:count].copy() for name, array in self._slots.items()},
+            ids=ids,
+            values=np.take(self._values, slots, axis=0),
+            slots={name: np.take(array, slots, axis=0) for name, array in self._slots.items()},
         )
+
+    def remove(self, ids):
+        """Removes the rows of `ids` (absent ones are skipped) with their slots; their
+        places in the arrays go to the next rows created. Returns how many were removed."""
+        return int(np.count_nonzero(self._ids.remove(self._check_ids(ids)) >= 0))
 
     @classmethod
     def from_state(cls, name, initializer, ids, values, slots=None, input_dim=0,
@@ -258,11 +263,11 @@ class EmbeddingTable:
         if not absent.any():
             return slots
         new_ids, positions = _distinct(ids[absent])
-        count = self.num_rows
-        self._reserve(count + len(new_ids))  # the only step that may fail: before any change
-        self._ids.insert(new_ids)  # distinct and absent: they get count, count + 1, ...
-        slots[absent] = count + positions
-        created = slice(count, count + len(new_ids))
+        # The only step that may fail, before any change.
+        self._reserve(self._ids.slots_after_insert(len(new_ids)))
+        new_slots = self._ids.insert(new_ids)
+        slots[absent] = new_slots[positions]
+        created = _as_slice(new_slots)
         self._values[created] = initial_rows(
             self.name, new_ids, self.dim, self.initializer, self.input_dim, self.dtype)
         for name, array in self._slots.items():
@@ -316,6 +321,13 @@ def _copy_grown(array, shape):
     grown = np.empty(shape, dtype=array.dtype)
     grown[:len(array)] = array
     return grown
+
+
+def _as_slice(slots):
+    """`slots` as a slice where they are consecutive (a faster write), else as they are."""
+    if len(slots) and slots[-1] - slots[0] == len(slots) - 1 and np.all(np.diff(slots) == 1):
+        return slice(int(slots[0]), int(slots[-1]) + 1)
+    return slots
 
 
 def _scatter(array, slots, rows):

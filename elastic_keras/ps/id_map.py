@@ -2,12 +2,15 @@
 
 An embedding table keeps its rows in one contiguous array; `IdMap` says which row (slot)
 holds each id. Slots are handed out as 0, 1, 2, ... in the order ids are first inserted, so
-the table's arrays stay dense. There is no Python object per entry: the map is an
+the table's arrays stay dense; the slots of removed ids are handed out again first (the
+lowest first), so a table that removes rows as fast as it adds them keeps its size. There is no Python object per entry: the map is an
 open-addressing table of entries, each an int64 key beside its int64 slot (16 bytes, so a
 probe reads one cache line, not one in a keys array and another in a slots array: a lookup
 of 64k ids in a 10M-entry map is about 30% faster so), with a power-of-two capacity, kept at
 most `MAX_LOAD` full. A slot of -1 marks an empty entry, so every int64 value, 0 and -1
-included, is a valid id.
+included, is a valid id. A removed id's entry is marked removed: lookups probe on past it,
+insertions do not reuse it, and the next rehash drops it (such entries count toward the
+load).
 
 Every operation works on whole batches of ids at once: each round of probing is a handful of
 vectorised gathers over the ids still unresolved, following the triangular sequence
@@ -23,8 +26,12 @@ Example:
     [0, 1, 0, 2]
     >>> ids.lookup(np.array([0, 5, 42])).tolist()
     [2, -1, 0]
-    >>> len(ids), ids.ids().tolist()
-    (3, [42, -7, 0])
+    >>> ids.remove(np.array([-7, 5])).tolist()
+    [1, -1]
+    >>> ids.insert(np.array([8])).tolist()  # the slot -7 had
+    [1]
+    >>> len(ids), [a.tolist() for a in ids.items()]
+    (3, [[42, 8, 0], [0, 1, 2]])
 """
 
 import numpy as np
@@ -34,6 +41,7 @@ from elastic_keras.common.hashing import mix64
 MAX_LOAD = 0.6
 _MIN_CAPACITY = 16
 _EMPTY = -1
+_REMOVED = np.iinfo(np.int64).min  # the slot of a removed id's entry until the next rehash
 # Salts the hash so the entries of one shard do not inherit the partition's choice of shard.
 _SALT = np.uint64(0x6A09E667F3BCC909)
 
@@ -48,11 +56,24 @@ class IdMap:
     """
 
     def __init__(self, expected=0):
-        self._size = 0
+        self._size = 0        # ids in the map
+        self._removed = 0     # entries of removed ids (tombstones) until the next rehash
+        self._next_slot = 0   # slots handed out so far: every slot is below it
+        self._free = np.empty(0, dtype=np.int64)  # slots of removed ids, reused first
         self._allocate(_capacity_for(expected))
 
     def __len__(self):
         return self._size
+
+    @property
+    def slot_bound(self):
+        """Every slot in use is below this (slots of removed ids are reused first)."""
+        return self._next_slot
+
+    def slots_after_insert(self, count):
+        """`slot_bound` once `count` absent ids are inserted: where a table's arrays must
+        reach before it inserts them."""
+        return self._next_slot + max(0, count - len(self._free))
 
     @property
     def capacity(self):
@@ -83,18 +104,44 @@ class IdMap:
                 position, step = self._home(new_ids), np.zeros(len(new_ids), dtype=np.intp)
             else:  # carry on probing from the empty entry the lookup stopped at
                 position, step = position[missing[first]], step[missing[first]]
-            new_slots = np.arange(self._size, self._size + len(new_ids))
+            new_slots = self._new_slots(len(new_ids))
             self._place(new_ids, new_slots, position, step)
             self._size += len(new_ids)
             slots[missing] = new_slots[inverse]
         return slots.reshape(ids.shape)
 
-    def ids(self):
-        """Every id in the map, ordered by slot (`ids()[s]` is the id in slot `s`)."""
+    def remove(self, ids):
+        """Removes `ids` from the map; their slots go to later insertions. Returns the slot
+        each id had, -1 where it was absent (an int64 array shaped like `ids`)."""
+        ids = _as_ids(ids)
+        flat = ids.reshape(-1)
+        distinct = np.unique(flat)
+        slots, _, _ = self._probe(distinct, stops=False)
+        present = slots >= 0
+        gone, freed = distinct[present], slots[present]
+        if len(gone):
+            position = self._probe_entries(gone)
+            self._entries[position, 1] = _REMOVED  # probes go on past it; inserts do not reuse it
+            self._free = np.sort(np.concatenate([self._free, freed]))[::-1]  # lowest last
+            self._size -= len(gone)
+            self._removed += len(gone)
+        return slots[np.searchsorted(distinct, flat)].reshape(ids.shape)
+
+    def items(self):
+        """(ids, slots) of every id in the map, ordered by slot."""
         occupied = np.flatnonzero(self._entries[:, 1] >= 0)
-        out = np.empty(self._size, dtype=np.int64)
-        out[self._entries[occupied, 1]] = self._entries[occupied, 0]
-        return out
+        slots = self._entries[occupied, 1]
+        order = np.argsort(slots, kind="stable")
+        return self._entries[occupied[order], 0], slots[order]
+
+    def _new_slots(self, count):
+        """`count` slots for new ids: freed ones first (the lowest first), then new ones."""
+        reused = min(count, len(self._free))
+        taken = self._free[len(self._free) - reused:][::-1]
+        self._free = self._free[:len(self._free) - reused]
+        fresh = np.arange(self._next_slot, self._next_slot + count - reused, dtype=np.int64)
+        self._next_slot += count - reused
+        return np.concatenate([taken, fresh])
 
     def _allocate(self, capacity):
         # `full`, not `zeros`: numpy backs large arrays it fills itself with huge pages (not
@@ -139,6 +186,20 @@ class IdMap:
             position = (position[go_on] + step) & self._mask
         return found, stop, stop_step
 
+    def _probe_entries(self, ids):
+        """The entry of each of `ids`, every one of which is in the map."""
+        at = np.empty(len(ids), dtype=np.intp)
+        pending, position, step = np.arange(len(ids)), self._home(ids), 0
+        while len(pending):
+            entries = self._entries_at(position)
+            hit = (entries[:, 1] >= 0) & (entries[:, 0] == ids[pending])
+            at[pending[hit]] = position[hit]
+            go_on = np.flatnonzero(~hit)
+            step += 1
+            pending = pending[go_on]
+            position = (position[go_on] + step) & self._mask
+        return at
+
     def _entries_at(self, position):
         """`[key, slot]` of the entries at `position` (a copy; `take` beats indexing)."""
         return np.take(self._pairs, position).view(np.int64).reshape(-1, 2)
@@ -166,16 +227,18 @@ class IdMap:
             position = (position[go_on] + step) & self._mask
 
     def _reserve(self, size):
-        """Grows (rehashing every entry) so that `size` entries stay within `MAX_LOAD`.
+        """Grows (rehashing every entry, which drops the entries of removed ids) so that
+        `size` entries and those of removed ids stay within `MAX_LOAD`.
 
         Returns whether it grew (entries then sit elsewhere).
         """
-        if size <= self.capacity * MAX_LOAD:
+        if size + self._removed <= self.capacity * MAX_LOAD:
             return False
         occupied = np.flatnonzero(self._entries[:, 1] >= 0)
         keys, slots = self._entries[occupied, 0], self._entries[occupied, 1]
         del occupied
         self._allocate(_capacity_for(size))
+        self._removed = 0
         self._place(keys, slots, self._home(keys), np.zeros(len(keys), dtype=np.intp))
         return True
 

@@ -11,12 +11,23 @@ class Reference:
     """The behaviour IdMap must have, as a dict."""
 
     def __init__(self):
-        self.slots = {}
+        self.slots, self.free, self.next = {}, set(), 0
 
     def insert(self, ids):
         for i in ids.tolist():
-            self.slots.setdefault(i, len(self.slots))
+            if i not in self.slots:
+                if self.free:
+                    self.slots[i] = min(self.free)
+                    self.free.remove(self.slots[i])
+                else:
+                    self.slots[i], self.next = self.next, self.next + 1
         return self.lookup(ids)
+
+    def remove(self, ids):
+        had = self.lookup(ids)
+        for i in set(ids.tolist()) & set(self.slots):
+            self.free.add(self.slots.pop(i))
+        return had
 
     def lookup(self, ids):
         return [self.slots.get(i, -1) for i in ids.tolist()]
@@ -44,8 +55,34 @@ def test_matches_a_dict_on_random_batches_with_repeats_and_extreme_ids():
         else:
             assert ids.lookup(batch).tolist() == reference.lookup(batch), round_
         assert len(ids) == len(reference.slots)
-    assert ids.ids().tolist() == list(reference.slots)
+    held = sorted(reference.slots.items(), key=lambda item: item[1])
+    assert [a.tolist() for a in ids.items()] == [[i for i, _ in held], [s for _, s in held]]
     assert ids.capacity * MAX_LOAD >= len(ids) > 2000
+
+
+def test_removals_free_slots_that_insertions_reuse_lowest_first():
+    rng = np.random.default_rng(2)
+    ids, reference = IdMap(), Reference()
+    for round_ in range(400):
+        batch = random_batch(rng, int(rng.integers(0, 1500)))
+        action = ("insert", "remove", "lookup")[round_ % 3]
+        assert getattr(ids, action)(batch).tolist() == getattr(reference, action)(batch), round_
+        assert len(ids) == len(reference.slots)
+    held = sorted(reference.slots.items(), key=lambda item: item[1])
+    assert [a.tolist() for a in ids.items()] == [[i for i, _ in held], [s for _, s in held]]
+    assert ids.slot_bound == reference.next
+
+
+def test_a_map_that_removes_as_much_as_it_adds_keeps_its_size():
+    ids = IdMap()
+    for start in range(0, 2_000_000, 20_000):
+        ids.insert(np.arange(start, start + 20_000))
+        if start >= 100_000:
+            ids.remove(np.arange(start - 100_000, start - 80_000))
+    assert len(ids) == 100_000 and ids.slot_bound == 120_000
+    assert ids.capacity <= 2 ** 18  # removed entries are dropped when it rehashes
+    assert ids.slots_after_insert(30_000) == 130_000  # 20k freed slots, then 10k new ones
+    assert ids.lookup(np.array([1_999_999, 1_899_999])).tolist()[1] == -1
 
 
 def test_every_int64_value_is_a_valid_id():
@@ -53,14 +90,16 @@ def test_every_int64_value_is_a_valid_id():
     assert ids.lookup(ADVERSARIAL).tolist() == [-1] * len(ADVERSARIAL)
     assert ids.insert(ADVERSARIAL).tolist() == list(range(len(ADVERSARIAL)))
     assert ids.lookup(ADVERSARIAL[::-1]).tolist() == list(range(len(ADVERSARIAL)))[::-1]
-    assert ids.ids().tolist() == ADVERSARIAL.tolist()
+    assert ids.items()[0].tolist() == ADVERSARIAL.tolist()
+    assert ids.remove(ADVERSARIAL[:3]).tolist() == [0, 1, 2]
+    assert ids.lookup(ADVERSARIAL).tolist() == [-1, -1, -1, 3, 4, 5, 6, 7]
 
 
 def test_new_slots_follow_first_appearance_within_a_batch():
     ids = IdMap()
     assert ids.insert(np.array([9, 9, 4, 9, 4, 7])).tolist() == [0, 0, 1, 0, 1, 2]
     assert ids.insert(np.array([5, 4, 5, 3])).tolist() == [3, 1, 3, 4]
-    assert ids.ids().tolist() == [9, 4, 7, 5, 3]
+    assert ids.items()[0].tolist() == [9, 4, 7, 5, 3]
 
 
 def test_colliding_ids_in_one_batch_all_land():
