@@ -5,6 +5,10 @@ of the same shape, all indexed by the row's slot; an `IdMap` gives each id its s
 created the first time an id is read or updated, with the layer's initializer
 (`embedding_init.initial_rows`, deterministic per id) and its slots at the optimizer's initial
 values. Only rows a gradient touches, and their slots, change (see `sparse_optimizers`).
+Rows can be removed (`remove`), or evicted when idle for some update steps or beyond a row
+budget, least recently updated first (`evict`: each row keeps the step it last changed at,
+8 bytes); a removed id that returns is a new row, and its place in the arrays is reused, so
+a table evicting as fast as new ids arrive keeps its memory.
 The arrays grow geometrically by `GROWTH`, in place where the allocator can extend them, and
 ask the kernel for huge pages (as numpy does for the large arrays it allocates itself), which
 cuts the TLB misses of a step's random row reads (a gather of 64k rows of 10M took a quarter
@@ -96,6 +100,8 @@ class EmbeddingTable:
         self._ids = IdMap()
         self._values = np.empty((0, self.dim), dtype=dtype)
         self._slots = {slot: np.empty((0, self.dim), dtype=dtype) for slot in self.slot_names}
+        self._step = 0  # the latest update step applied
+        self._touched = np.zeros(0, dtype=np.int64)  # per slot: the step its row last changed
 
     @property
     def num_rows(self):
@@ -111,7 +117,7 @@ class EmbeddingTable:
     def nbytes(self):
         """Bytes held: rows, slots and the id map (allocated capacity, not only used rows)."""
         arrays = self._values.nbytes + sum(a.nbytes for a in self._slots.values())
-        return arrays + self._ids.nbytes
+        return arrays + self._touched.nbytes + self._ids.nbytes
 
     def rows(self, ids):
         """The rows of `ids` (a copy, shape `[*ids.shape, dim]`), creating missing ones.
@@ -171,6 +177,8 @@ class EmbeddingTable:
         slot_rows = {name: np.take(self._slots[name], slots, axis=0)
                      for name in optimizer.slot_names}
         optimizer.apply(values, slot_rows, grads, step, lr_scale)
+        self._step = max(self._step, int(step))
+        self._touched[slots] = self._step
         _scatter(self._values, slots, values)
         for name, rows in slot_rows.items():
             _scatter(self._slots[name], slots, rows)
@@ -193,6 +201,22 @@ class EmbeddingTable:
             values=np.take(self._values, slots, axis=0),
             slots={name: np.take(array, slots, axis=0) for name, array in self._slots.items()},
         )
+
+    def evict(self, max_rows=None, idle_steps=None):
+        """Removes the rows not updated in the last `idle_steps` update steps, then, while
+        more than `max_rows` remain, the least recently updated ones (a row created by a
+        lookup counts as updated then). Returns the ids removed."""
+        ids, slots = self._ids.items()
+        touched = self._touched[slots]
+        drop = np.zeros(len(ids), dtype=bool)
+        if idle_steps is not None:
+            drop = self._step - touched > idle_steps
+        kept = np.flatnonzero(~drop)
+        extra = len(kept) - max_rows if max_rows is not None else 0
+        if extra > 0:
+            drop[kept[np.argpartition(touched[kept], extra - 1)[:extra]]] = True
+        self._ids.remove(ids[drop])
+        return ids[drop]
 
     def remove(self, ids):
         """Removes the rows of `ids` (absent ones are skipped) with their slots; their
@@ -234,6 +258,7 @@ class EmbeddingTable:
             raise DataError(f"{what}: ids must be distinct. Received: {len(ids)} ids, "
                             f"{len(table._ids)} distinct")
         table._values = np.array(values, dtype=table.dtype, order="C")
+        table._touched = np.zeros(len(ids), dtype=np.int64)
         table._slots = {
             slot: np.array(array, dtype=table.dtype, order="C") for slot, array in slots.items()
         }
@@ -268,6 +293,7 @@ class EmbeddingTable:
         new_slots = self._ids.insert(new_ids)
         slots[absent] = new_slots[positions]
         created = _as_slice(new_slots)
+        self._touched[created] = self._step
         self._values[created] = initial_rows(
             self.name, new_ids, self.dim, self.initializer, self.input_dim, self.dtype)
         for name, array in self._slots.items():
@@ -280,7 +306,8 @@ class EmbeddingTable:
         Each array is checked on its own, so a call that ran out of memory halfway leaves a
         consistent table that the next call finishes growing.
         """
-        if rows <= self.capacity and all(len(a) >= rows for a in self._slots.values()):
+        if rows <= self.capacity and all(len(a) >= rows for a in (self._touched,
+                                                                 *self._slots.values())):
             return
         shape = (max(rows, int(self.capacity * GROWTH), _MIN_CAPACITY), self.dim)
         # `resize` extends a buffer in place (for large arrays usually without copying) when
@@ -291,6 +318,11 @@ class EmbeddingTable:
                 self._values.resize(shape, refcheck=True)
             except ValueError:
                 self._values = _copy_grown(self._values, shape)
+        if len(self._touched) < rows:
+            try:
+                self._touched.resize(shape[:1], refcheck=True)
+            except ValueError:
+                self._touched = _copy_grown(self._touched, shape[:1])
         for name in self.slot_names:
             if len(self._slots[name]) < rows:
                 try:

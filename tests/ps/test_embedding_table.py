@@ -185,3 +185,46 @@ def test_repeated_and_unique_batches_cost_the_same_memory():
     table.rows(np.zeros(100_000, dtype=np.int64))
     assert table.num_rows == 1
     assert table.capacity == 1024
+
+
+# -- removal and eviction ----------------------------------------------------------------
+
+
+def test_a_removed_row_comes_back_as_new_in_a_reused_place():
+    table, optimizer = adam_table(), adam()
+    ids = np.array([10, 20, 30])
+    table.apply(ids, np.ones((3, 4), np.float32), optimizer, step=1)
+    fresh = initial_rows("items", np.array([20]), 4, "uniform", 0, np.float32)
+    assert table.remove(np.array([20, 99])) == 1 and table.num_rows == 2
+    capacity = table.capacity
+    np.testing.assert_array_equal(table.rows(np.array([20])), fresh)  # as if never seen
+    state = table.state()
+    assert state.ids.tolist() == [10, 20, 30] and table.capacity == capacity
+    np.testing.assert_array_equal(state.slots["momentum"][1], 0.0)  # its slots start again
+    assert np.all(state.slots["momentum"][[0, 2]] > 0)
+
+
+def test_eviction_drops_idle_rows_then_the_least_recently_updated():
+    table, optimizer = adam_table(), adam()
+    for step, ids in enumerate(([1, 2, 3, 4], [2, 3], [3], [5]), start=1):
+        table.apply(np.array(ids), np.ones((len(ids), 4), np.float32), optimizer, step)
+    # Last updated at steps: 1 -> 1, 4 -> 1, 2 -> 2, 3 -> 3, 5 -> 4.
+    assert sorted(table.evict(idle_steps=2).tolist()) == [1, 4]
+    assert table.evict(max_rows=2).tolist() == [2]  # the least recently updated left
+    assert sorted(table.state().ids.tolist()) == [3, 5]
+    assert table.evict(max_rows=5, idle_steps=10).tolist() == []
+
+
+def test_a_stream_of_new_ids_under_a_row_budget_keeps_memory_flat():
+    table, optimizer = adam_table(dim=16), adam()
+    rng = np.random.default_rng(7)
+    sizes, recent = [], []
+    for step in range(1, 201):
+        batch = rng.integers(INT64_MIN, INT64_MAX, 2000, dtype=np.int64)
+        table.apply(batch, np.ones((2000, 16), np.float32), optimizer, step)
+        table.evict(max_rows=20_000)
+        sizes.append(table.nbytes)
+        recent = (recent + [batch])[-10:]
+    # The budget keeps the 10 latest batches, exactly.
+    assert sorted(table.state().ids.tolist()) == sorted(np.concatenate(recent).tolist())
+    assert sizes[-1] == sizes[20]  # from 40k ids seen to 400k, not one byte more
