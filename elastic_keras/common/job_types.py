@@ -87,7 +87,7 @@ def check(job):
                           f"directory. Received: {job.checkpoint_dir_for_init!r}")
     if job.ensemble:
         ensemble_size(job)
-    elif _given(job, "ensemble_combiner") and "," not in job.checkpoint_dir_for_init:
+    elif _given(job, "ensemble_combiner") and len(job.init_checkpoints) < 2:
         raise ConfigError(
             "--ensemble-combiner combines the outputs of an ensemble: it needs several "
             "--checkpoint-dir-for-init directories or --ensemble last-K. Received: "

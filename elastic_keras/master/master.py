@@ -95,6 +95,7 @@ class Master:
         self._sample_file = ""  # a data file, for the SavedModel's input signature
         self.stopped_early = None  # the epoch after which a callback stopped the job
         self._epoch_ended = False  # its callbacks and the next epoch are due
+        self._callbacks_waiting_since = None  # for shards to answer
         self.status = StatusView(self)  # what the status page shows
         self._status_page = None
 
@@ -232,7 +233,7 @@ class Master:
             self._epoch_ended = self._epoch_ended or self._rounds(tasks)
             self._close_epoch()
             if tasks.finished:
-                self._error = tasks.error
+                self._error = tasks.error or self.outputs.error
                 return
             # A hung shard would stall the checkpoint, and this loop with it: it waits.
             if (self.checkpoints.due(self.model_version)
@@ -267,11 +268,21 @@ class Master:
     def _close_epoch(self):
         """Runs an ended epoch's callbacks and begins the next. Callbacks may call the
         shards (a learning rate, a ModelCheckpoint): with any, a shard down is waited for
-        until its replacement answers, rather than failing the callback."""
-        if self._epoch_ended and (not self.callbacks
-                                  or self.membership.shards_answering(CHECKPOINT_SILENCE_S)):
-            self._epoch_ended = False
-            self._run_callbacks(self._next_epoch)
+        until its replacement answers (at most `PS_REGISTRATION_TIMEOUT_S`: then the job
+        fails), rather than failing the callback."""
+        if not self._epoch_ended:
+            return
+        if self.callbacks and not self.membership.shards_answering(CHECKPOINT_SILENCE_S):
+            if self._callbacks_waiting_since is None:
+                self._callbacks_waiting_since = time.monotonic()
+                logger.info("The epoch's callbacks wait for every parameter server to answer")
+            elif time.monotonic() - self._callbacks_waiting_since > PS_REGISTRATION_TIMEOUT_S:
+                self._error = (f"the parameter servers did not all answer within "
+                               f"{PS_REGISTRATION_TIMEOUT_S:.0f} s for the epoch's callbacks; "
+                               "see their logs")
+            return
+        self._epoch_ended, self._callbacks_waiting_since = False, None
+        self._run_callbacks(self._next_epoch)
 
     def _run_callbacks(self, step):
         try:

@@ -79,11 +79,12 @@ class Membership:
             self._last_seen.pop(("ps", ps_id), None)
 
     def ps_exited(self, ps_id):
-        """The shard's process has exited: `mark_ps_down`, and the bytes it reported stay
-        counted while its replacement counts from 0."""
+        """The shard's process has exited: `mark_ps_down`, and the bytes and NaN/Inf pushes
+        it reported stay counted while its replacement counts from 0."""
         self.mark_ps_down(ps_id)
         with self._lock:
             self._wire.ended(ps_id)
+            self._non_finite_before += self._ps_non_finite.pop(ps_id, 0)
 
     def heartbeat(self, role, role_id):
         """Records a heartbeat; returns whether the role has registered with this master."""
@@ -99,9 +100,6 @@ class Membership:
         with self._lock:
             self._ps_load[ps_id] = (dict(table_rows or {}), memory_bytes)
             self._wire.report(ps_id, wire_bytes)
-            last = self._ps_non_finite.get(ps_id, 0)
-            if non_finite_pushes < last:  # a relaunched shard counts from 0 again
-                self._non_finite_before += last
             self._ps_non_finite[ps_id] = non_finite_pushes
             self._ps_applied[ps_id] = dict(applied_pushes or {})
             self._ps_versions[ps_id] = max(version, self._ps_versions.get(ps_id, 0))

@@ -94,7 +94,10 @@ class JobOutputs:
 
     def finish(self, ps_client, evaluations, sample_file):
         """After a good end: writes what the job leaves (see the module); returns why the
-        job fails after all (a processor that raised), or ""."""
+        job fails after all (a processor that raised, an evaluation without metrics), or
+        "", writing nothing then."""
+        if self._error:
+            return self._error
         output = self.config.output
         if self.sink is not None:
             if self.sink.close():

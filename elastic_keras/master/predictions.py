@@ -27,7 +27,7 @@ import threading
 import numpy as np
 
 from elastic_keras.common.atomic_file import atomic_write
-from elastic_keras.common.errors import PayloadError
+from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.common.transfer.tensor_codec import decode
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ class PredictionSink:
                 raise PayloadError(
                     f"output {tensor.name!r} must hold one row per record of the task "
                     f"({task.num_records}). Received: shape {tuple(array.shape)}")
-            outputs[tensor.name] = np.array(array)  # its own, writable: the processor's
+            # A processor gets arrays of its own (writable), not views of the wire bytes.
+            outputs[tensor.name] = np.array(array) if self._processor is not None else array
         return outputs
 
     def add(self, task, worker_id, outputs):
@@ -154,11 +155,14 @@ def _remove_earlier_parts(directory):
     with this job's); nothing else there is touched."""
     try:
         names = os.listdir(directory)
+        earlier = [n for n in names if n.startswith("part-") and n.endswith(".jsonl")]
+        for name in earlier:
+            os.unlink(os.path.join(directory, name))
     except FileNotFoundError:
         return
-    earlier = [n for n in names if n.startswith("part-") and n.endswith(".jsonl")]
-    for name in earlier:
-        os.unlink(os.path.join(directory, name))
+    except OSError as exc:
+        raise ConfigError(f"--output: predictions go to {directory}, which must be a "
+                          f"directory this job can write. Received: {exc}") from exc
     if earlier:
         logger.info("Removed %d prediction files an earlier job left in %s", len(earlier),
                     directory)

@@ -15,6 +15,7 @@ import http.server
 import json
 import logging
 import pathlib
+import re
 import threading
 
 from elastic_keras.master import status_metrics
@@ -70,8 +71,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         host = self.headers.get("Host")
         if host is not None and _hostname(host) not in LOOPBACK_NAMES:
-            self._send(403, "text/plain", "The status page answers requests for 127.0.0.1 "
-                       f"or localhost only. Received: Host {host[:100]!r}\n".encode())
+            self._send(403, "text/plain", "The status page answers requests for 127.0.0.1, "
+                       f"localhost or [::1] only. Received: Host {host[:100]!r}\n".encode())
             return
         try:
             if path in ("/", "/index.html"):
@@ -102,8 +103,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 def _hostname(host):
-    """The name of a `Host` header without its port, lower-cased ("[::1]" keeps brackets)."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host.split("]", 1)[0] + "]"
-    return host.rsplit(":", 1)[0] if ":" in host else host
+    """The name of a `Host` header without its port, lower-cased; "" if it is not a name
+    with an optional port."""
+    match = _HOST.fullmatch(host.strip().lower())
+    return match.group(1) if match else ""
+
+
+_HOST = re.compile(r"(\[[0-9a-f:.]*\]|[^:\[\]]*)(?::\d+)?")

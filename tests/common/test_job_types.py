@@ -37,6 +37,8 @@ def _config(command, *flags):
     ("predict", ["--prediction-data", "p", "--checkpoint-dir-for-init", "c",
                  "--ensemble-combiner", "vote"], "Received: --ensemble-combiner vote with one "
                                                  "checkpoint directory 'c'"),
+    ("evaluate", ["--validation-data", "v", "--checkpoint-dir-for-init", "c,",
+                  "--ensemble-combiner", "vote"], "with one checkpoint directory 'c,'"),
     ("train", ["--training-data", "t", "--no-status-page", "--status-port", "8123"],
      "--status-port needs --status-page. Received: --status-port 8123"),
     ("train", ["--training-data", "t", "--prediction-data", "p"],

@@ -36,7 +36,7 @@ def test_a_relaunched_shards_bytes_add_to_its_earlier_runs():
     membership.report_version(0, 2, wire_bytes=(500, 20))
     _, shards = membership.view()
     assert (shards[0]["bytes_received"], shards[0]["bytes_sent"]) == (650, 420)
-    membership.ps_exited(0)  # an exit seen twice (watchdog, then the process) adds nothing
+    membership.ps_exited(0)  # an exit handled twice adds nothing the second time
     membership.ps_exited(0)
     _, shards = membership.view()
     assert (shards[0]["bytes_received"], shards[0]["bytes_sent"]) == (650, 420)

@@ -151,9 +151,8 @@ def test_reduce_lr_on_plateau_halves_a_real_shards_rate_when_the_loss_stalls(tmp
         server.stop(0)
 
 
-def test_an_ended_epochs_callbacks_wait_for_a_shard_down_to_answer_again(tmp_path):
-    """Callbacks may call the shards: with one being relaunched, the master's loop holds the
-    epoch's end (no task of the next epoch goes out) until every shard answers."""
+def _master_at_an_epochs_end(tmp_path):
+    """A master with a recording callback, its epoch 0 of 2 trained, its one shard down."""
     import io
 
     from elastic_keras.master.console import Console
@@ -173,8 +172,27 @@ def test_an_ended_epochs_callbacks_wait_for_a_shard_down_to_answer_again(tmp_pat
     assert master._epoch_ended  # trained, and no validation round to wait for
     master.membership.register_ps(0, "127.0.0.1:1")
     master.membership.ps_exited(0)  # down: its replacement has not registered yet
+    return master, recorder
+
+
+def test_an_ended_epochs_callbacks_wait_for_a_shard_down_to_answer_again(tmp_path):
+    """Callbacks may call the shards: with one being relaunched, the master's loop holds the
+    epoch's end (no task of the next epoch goes out) until every shard answers."""
+    master, recorder = _master_at_an_epochs_end(tmp_path)
     master._close_epoch()
     assert recorder.seen == [] and master.tasks.epoch == 0 and master.tasks.get(0) is None
     master.membership.register_ps(0, "127.0.0.1:2")
     master._close_epoch()
     assert [epoch for epoch, _ in recorder.seen] == [0] and master.tasks.epoch == 1
+    assert master._error == ""
+
+
+def test_callbacks_waiting_too_long_for_a_shard_fail_the_job(tmp_path, monkeypatch):
+    from elastic_keras.master import master as master_module
+
+    master, recorder = _master_at_an_epochs_end(tmp_path)
+    master._close_epoch()
+    monkeypatch.setattr(master_module, "PS_REGISTRATION_TIMEOUT_S", -1.0)
+    master._close_epoch()
+    assert "did not all answer within -1 s for the epoch's callbacks" in master._error
+    assert recorder.seen == []

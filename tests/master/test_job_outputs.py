@@ -43,3 +43,5 @@ def test_a_round_without_metrics_fails_the_job(tmp_path):
     evaluations.add([], 40)
     outputs.round_closed(EvalRound(0, 40, True), evaluations)
     assert "the evaluation produced no metrics" in outputs.error
+    assert outputs.finish(None, evaluations, "") == outputs.error
+    assert not (tmp_path / "evaluation.json").exists()

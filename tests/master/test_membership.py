@@ -64,11 +64,11 @@ def test_non_finite_pushes_add_up_across_shards_and_their_relaunches():
     membership.report_version(0, 3, non_finite_pushes=2)
     membership.report_version(1, 3, non_finite_pushes=1)
     assert membership.non_finite_pushes == 3 and non_finite_error(config, membership) == ""
-    membership.report_version(0, 4, non_finite_pushes=0)  # shard 0 relaunched: counts anew
-    membership.report_version(0, 5, non_finite_pushes=2)
-    assert membership.non_finite_pushes == 5
+    membership.ps_exited(0)  # relaunched: its replacement counts anew, from any number
+    membership.report_version(0, 5, non_finite_pushes=3)
+    assert membership.non_finite_pushes == 6
     error = non_finite_error(config, membership)
-    assert error.startswith("NonFiniteGradients: the parameter servers received 5 pushes")
+    assert error.startswith("NonFiniteGradients: the parameter servers received 6 pushes")
     assert "more than --max-non-finite-pushes 4" in error
     unlimited = JobConfig(model_def="m", training_data="d",
                           limits=PayloadLimits(max_non_finite_pushes=0))

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from elastic_keras.common.errors import PayloadError
+from elastic_keras.common.errors import ConfigError, PayloadError
 from elastic_keras.common.transfer.tensor_codec import encode
 from elastic_keras.master.predictions import PredictionSink
 from elastic_keras.master.task_manager import TaskManager
@@ -95,6 +95,13 @@ def test_the_part_files_an_earlier_job_left_are_removed_and_nothing_else(tmp_pat
     sink = PredictionSink(["/data/f1.rec"], 2, output=str(tmp_path))
     assert sink.close() == ""
     assert [f.name for f in directory.iterdir()] == ["notes.txt"]
+
+
+def test_an_output_directory_that_cannot_hold_predictions_is_named(tmp_path):
+    (tmp_path / "predictions").write_text("a file, not a directory")
+    with pytest.raises(ConfigError, match="predictions go to .*predictions, which must be a "
+                                          "directory this job can write"):
+        PredictionSink(["/data/f1.rec"], 2, output=str(tmp_path))
 
 
 class _Recorder:

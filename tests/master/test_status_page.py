@@ -111,6 +111,7 @@ def test_the_server_answers_on_loopback_with_the_page_json_and_metrics(server):
 @pytest.mark.parametrize("host, code", [
     ("127.0.0.1:{port}", 200), ("localhost:{port}", 200), ("LOCALHOST", 200), ("[::1]:80", 200),
     ("evil.example:{port}", 403), ("127.0.0.1.evil.example", 403), ("", 403),
+    ("[::1].evil.example", 403), ("localhost:80x", 403), ("localhost@evil.example", 403),
 ])
 def test_only_requests_for_the_loopback_are_answered(server, host, code):
     port = server.url.rsplit(":", 1)[1].strip("/")
@@ -121,7 +122,7 @@ def test_only_requests_for_the_loopback_are_answered(server, host, code):
             got = answer.status
     except urllib.error.HTTPError as refused:
         got = refused.code
-        assert b"127.0.0.1 or localhost only" in refused.read()
+        assert b"127.0.0.1, localhost or [::1] only" in refused.read()
     assert got == code
 
 
