@@ -9,8 +9,9 @@ probe reads one cache line, not one in a keys array and another in a slots array
 of 64k ids in a 10M-entry map is about 30% faster so), with a power-of-two capacity, kept at
 most `MAX_LOAD` full. A slot of -1 marks an empty entry, so every int64 value, 0 and -1
 included, is a valid id. A removed id's entry is marked removed: lookups probe on past it,
-insertions do not reuse it, and the next rehash drops it (such entries count toward the
-load).
+an insertion takes the first such entry on its way (once it knows the id is absent), and a
+rehash drops those left (they count toward the load until then), so a map that removes ids
+as fast as it adds them rarely rehashes.
 
 Every operation works on whole batches of ids at once: each round of probing is a handful of
 vectorised gathers over the ids still unresolved, following the triangular sequence
@@ -121,18 +122,32 @@ class IdMap:
         gone, freed = distinct[present], slots[present]
         if len(gone):
             position = self._probe_entries(gone)
-            self._entries[position, 1] = _REMOVED  # probes go on past it; inserts do not reuse it
-            self._free = np.sort(np.concatenate([self._free, freed]))[::-1]  # lowest last
-            self._size -= len(gone)
-            self._removed += len(gone)
+            self._entries[position, 1] = _REMOVED  # probes go on past it; inserts reuse it
+            self._free_slots(freed)
         return slots[np.searchsorted(distinct, flat)].reshape(ids.shape)
 
     def items(self):
         """(ids, slots) of every id in the map, ordered by slot."""
-        occupied = np.flatnonzero(self._entries[:, 1] >= 0)
-        slots = self._entries[occupied, 1]
+        ids, slots, _ = self.entries()
         order = np.argsort(slots, kind="stable")
-        return self._entries[occupied[order], 0], slots[order]
+        return ids[order], slots[order]
+
+    def entries(self):
+        """(ids, slots, entry positions) of every id in the map, in the map's order."""
+        occupied = np.flatnonzero(self._entries[:, 1] >= 0)
+        return self._entries[occupied, 0], self._entries[occupied, 1], occupied
+
+    def remove_entries(self, positions):
+        """Removes the ids at entry `positions` (from `entries`, the map unchanged since);
+        their slots go to later insertions, as `remove`'s do."""
+        self._free_slots(self._entries[positions, 1])
+        self._entries[positions, 1] = _REMOVED
+
+    def _free_slots(self, freed):
+        """Hands the slots of `freed` (of as many ids just removed) to later insertions."""
+        self._free = np.sort(np.concatenate([self._free, freed]))[::-1]  # lowest last
+        self._size -= len(freed)
+        self._removed += len(freed)
 
     def _new_slots(self, count):
         """`count` slots for new ids: freed ones first (the lowest first), then new ones."""
@@ -159,10 +174,10 @@ class IdMap:
 
     def _probe(self, ids, stops):
         """Looks up 1-D `ids`: their slots (-1 if absent) and, with `stops`, for absent ids the
-        empty entry that ended the search and the probe step there (where an insertion
-        carries on)."""
+        first entry on their way that an insertion may take (empty, or a removed id's) and
+        the probe step there (where an insertion carries on)."""
         found = np.full(len(ids), _EMPTY, dtype=np.int64)
-        stop = np.zeros(len(ids) if stops else 0, dtype=np.intp)
+        stop = np.full(len(ids) if stops else 0, -1, dtype=np.intp)
         stop_step = np.zeros_like(stop)
         pending, keys, position, step = None, ids, self._home(ids), 0  # None: every id
         while len(keys):
@@ -175,9 +190,11 @@ class IdMap:
                 where = np.flatnonzero(hit)
                 found[pending[where]] = slots[where]
             if stops:
-                empty = np.flatnonzero(slots == _EMPTY)
-                into = empty if pending is None else pending[empty]
-                stop[into] = position[empty]
+                free = (slots == _EMPTY) | (slots == _REMOVED)
+                first = np.flatnonzero(free & (stop[slice(None) if pending is None
+                                                    else pending] < 0))
+                into = first if pending is None else pending[first]
+                stop[into] = position[first]
                 stop_step[into] = step
             go_on = np.flatnonzero(~hit & (slots != _EMPTY))
             step += 1
@@ -207,18 +224,21 @@ class IdMap:
     def _place(self, keys, slots, position, step):
         """Stores distinct, absent `keys` with their `slots`, probing from `position`/`step`.
 
-        Keys that reach the same empty entry in one round all claim it by writing a marker
-        (-2 - their index); the one whose marker is read back wins, the others probe on.
+        An entry is taken if empty or a removed id's (which it then no longer is). Keys that
+        reach the same such entry in one round all claim it by writing a marker (-2 - their
+        index); the one whose marker is read back wins, the others probe on.
         """
         markers = -2 - np.arange(len(keys), dtype=np.int64)
         pending = np.arange(len(keys))
         while len(pending):
-            empty = np.flatnonzero(self._entries_at(position)[:, 1] == _EMPTY)
+            was = self._entries_at(position)[:, 1]
+            empty = np.flatnonzero((was == _EMPTY) | (was == _REMOVED))
             placed = np.zeros(len(pending), dtype=bool)
             if len(empty):
                 claimed, claimants = position[empty], markers[pending[empty]]
                 self._entries[claimed, 1] = claimants  # several may write one entry: one wins
                 won = empty[self._entries[claimed, 1] == claimants]
+                self._removed -= int(np.count_nonzero(was[won] == _REMOVED))
                 self._entries[position[won], 0] = keys[pending[won]]
                 self._entries[position[won], 1] = slots[pending[won]]
                 placed[won] = True
