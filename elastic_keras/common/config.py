@@ -27,6 +27,7 @@ import dataclasses
 import os
 
 from elastic_keras.common import job_types
+from elastic_keras.common.embedding_lifecycle import EmbeddingLifecycle
 from elastic_keras.common.engine_options import ClusterOptions
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, check_fields, flag, flag_name
@@ -110,6 +111,7 @@ class JobConfig:
     )
     transfer: TransferOptions = _shared("transfer")
     limits: PayloadLimits = _shared("limits")
+    lifecycle: EmbeddingLifecycle = _shared("lifecycle")
     evaluation_steps: int = flag(
         0, bound=NON_NEGATIVE,
         help="Also evaluate --validation-data every this many model versions, with training "
@@ -301,6 +303,7 @@ class PSConfig:
     sync_round_timeout_s: float = _shared("sync_round_timeout_s")
     transfer: TransferOptions = _shared("transfer")
     limits: PayloadLimits = _shared("limits")
+    lifecycle: EmbeddingLifecycle = _shared("lifecycle")
     job_name: str = _shared("job_name")
     host: str = _shared("host")
     port: int = flag(0, help="Port to bind to; 0 picks a free one. A relaunched shard is "

@@ -92,13 +92,18 @@ class MasterClient:
 
     def report_version(self, ps_id, model_version, staleness_counts=(), stale_rejections=0,
                        pending_pushes=0, applied_pushes=None, non_finite_pushes=0,
-                       table_rows=None, memory_bytes=0, wire_bytes=(0, 0)):
+                       table_stats=None, memory_bytes=0, wire_bytes=(0, 0)):
+        """Tells the master a shard's version and load; `table_stats` maps each table to
+        the fields of a `TableLifecycleStats` (its rows, bytes, admissions, evictions, ...)."""
+        table_stats = table_stats or {}
         self._stub.ReportVersion(
             master_pb2.ReportVersionRequest(
                 ps_id=ps_id, model_version=model_version,
                 staleness_counts=list(staleness_counts), stale_rejections=stale_rejections,
                 pending_pushes=pending_pushes, applied_pushes=applied_pushes or {},
-                non_finite_pushes=non_finite_pushes, table_rows=table_rows or {},
+                non_finite_pushes=non_finite_pushes,
+                table_stats={name: master_pb2.TableLifecycleStats(**stats)
+                             for name, stats in table_stats.items()},
                 memory_bytes=memory_bytes, bytes_received=wire_bytes[0],
                 bytes_sent=wire_bytes[1],
             )

@@ -6,6 +6,7 @@ and the rest mean the same in the job's config and in each role's, which takes t
 the job's.
 """
 
+from elastic_keras.common.embedding_lifecycle import EmbeddingLifecycle
 from elastic_keras.common.flags import NON_NEGATIVE, POSITIVE, flag
 from elastic_keras.common.transfer.limits import PayloadLimits
 from elastic_keras.common.transfer.tensor_stream import TransferOptions
@@ -69,6 +70,8 @@ SHARED = {
     ),
     "transfer": dict(default=TransferOptions()),
     "limits": dict(default=PayloadLimits()),  # what a shard accepts (`limits.PayloadLimits`)
+    # how tables keep their size (`embedding_lifecycle.EmbeddingLifecycle`)
+    "lifecycle": dict(default=EmbeddingLifecycle()),
     "checkpoint_dir": dict(
         default="", help="Where the parameter servers' checkpoints and the master's job state "
         "go. Running the same command again with the same --job-name and --checkpoint-dir "

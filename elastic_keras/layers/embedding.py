@@ -63,7 +63,18 @@ class Embedding(keras.layers.Layer):
             looks up; the penalty is added with `add_loss`, so it appears in `model.losses`.
         table: the name of the parameter-server table; defaults to the layer's name.
             Layers with the same `table` share its rows and must agree on `output_dim`,
-            `input_dim`, initializer and dtype.
+            `input_dim`, initializer, dtype and the lifecycle arguments below.
+        admit_after: an id gets a row once it was looked up in training this many times
+            (at most 255); until then it reads zeros and its gradients are dropped (the
+            job's summary counts them). None: the job's `--embedding-admit-after`.
+        admit_probability: or each training lookup of an id without a row gives it one with
+            this probability, in (0, 1]. None: the job's `--embedding-admit-probability`.
+            Setting either admission argument replaces the job's admission for this table.
+        idle_steps: rows not used in training for this many model versions of their
+            parameter server are evicted (0: never). None: `--embedding-idle-steps`.
+        max_rows: the most rows the table holds over all parameter servers; a full table
+            evicts its least recently used rows (0: no bound). None: `--embedding-max-rows`.
+            An evicted id that returns goes through admission again.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, `trainable`).
 
     Raises:
@@ -86,6 +97,10 @@ class Embedding(keras.layers.Layer):
         mask_zero=False,
         embeddings_regularizer=None,
         table=None,
+        admit_after=None,
+        admit_probability=None,
+        idle_steps=None,
+        max_rows=None,
         **kwargs,
     ):
         _check_positive_int("output_dim", output_dim)
@@ -99,6 +114,7 @@ class Embedding(keras.layers.Layer):
             raise ValueError(
                 f"`table` must be None or a non-empty string. Received: table={table!r}"
             )
+        self.lifecycle = _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows)
         super().__init__(**kwargs)
         self.output_dim = output_dim
         self.input_dim = input_dim
@@ -291,6 +307,7 @@ class Embedding(keras.layers.Layer):
             "mask_zero": self.mask_zero,
             "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
             "table": self.table,
+            **self.lifecycle,
         })
         return config
 
@@ -298,3 +315,26 @@ class Embedding(keras.layers.Layer):
 def _check_positive_int(name, value):
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows):
+    """The lifecycle arguments as a dict, each checked (None: the job's flag)."""
+    given = {"admit_after": admit_after, "idle_steps": idle_steps, "max_rows": max_rows}
+    for name, value in given.items():
+        if value is not None and (not isinstance(value, (int, np.integer))
+                                  or isinstance(value, bool) or value < 0):
+            raise ValueError(f"`{name}` must be None or a non-negative integer. "
+                             f"Received: {name}={value!r}")
+    if admit_after is not None and admit_after > 255:
+        raise ValueError(f"`admit_after` must be at most 255. Received: {admit_after}")
+    if admit_probability is not None and (
+            isinstance(admit_probability, bool) or not isinstance(admit_probability, (int, float))
+            or not 0.0 < admit_probability <= 1.0):
+        raise ValueError("`admit_probability` must be None or a number in (0, 1]. "
+                         f"Received: admit_probability={admit_probability!r}")
+    if (admit_after or 0) > 1 and admit_probability is not None and admit_probability < 1.0:
+        raise ValueError("Admission counts sightings (admit_after) or draws "
+                         "(admit_probability), not both. Received: admit_after="
+                         f"{admit_after}, admit_probability={admit_probability}")
+    return {**{k: None if v is None else int(v) for k, v in given.items()},
+            "admit_probability": None if admit_probability is None else float(admit_probability)}

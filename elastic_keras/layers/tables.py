@@ -50,6 +50,8 @@ class TableSpec:
         initializer_config: `keras.initializers.serialize` of the rows' initializer.
         dtype: the rows' dtype, e.g. "float32".
         layers: the layers that look rows up in this table, in model order.
+        lifecycle: `{"admit_after", "admit_probability", "idle_steps", "max_rows"}` as the
+            layers set them (None: the job's flags; plain Embeddings set none).
         replaced_variables: the rewired plain Embeddings' `embeddings` variables: not dense
             parameters any more; the worker must leave them out of dense pull and push.
     """
@@ -61,6 +63,7 @@ class TableSpec:
     dtype: str
     layers: tuple = dataclasses.field(hash=False)
     replaced_variables: tuple = dataclasses.field(hash=False)
+    lifecycle: dict = dataclasses.field(hash=False, default_factory=dict)
 
 
 def ps_tables(model, threshold_params=DEFAULT_THRESHOLD_PARAMS):
@@ -99,7 +102,7 @@ def ps_tables(model, threshold_params=DEFAULT_THRESHOLD_PARAMS):
         if described != first_described:
             raise ValueError(
                 f"Layers sharing the embedding table {name!r} must agree on its output_dim, "
-                f"input_dim, initializer and dtype. Received: {first.name!r} has "
+                f"input_dim, initializer, dtype and lifecycle. Received: {first.name!r} has "
                 f"{first_described} and {layer.name!r} has {described}")
         layers.append(layer)
         if replaced is not None:
@@ -107,7 +110,7 @@ def ps_tables(model, threshold_params=DEFAULT_THRESHOLD_PARAMS):
     return [
         TableSpec(name, described["dim"], described["input_dim"],
                   described["initializer_config"], described["dtype"],
-                  tuple(layers), tuple(variables))
+                  tuple(layers), tuple(variables), described["lifecycle"])
         for name, (_, described, layers, variables) in found.items()
     ]
 
@@ -166,6 +169,7 @@ def _describe(layer):
         "input_dim": int(input_dim),
         "initializer_config": keras.initializers.serialize(layer.embeddings_initializer),
         "dtype": str(layer.variable_dtype),
+        "lifecycle": dict(getattr(layer, "lifecycle", None) or {}),
     }
 
 

@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elastic_keras.common.embedding_init import initial_rows
 from elastic_keras.common.errors import ConfigError, PSError
 from elastic_keras.common.model_spec import Mode
 from elastic_keras.common.model_variables import named_variables
@@ -14,6 +13,9 @@ from elastic_keras.data.reader import open_reader
 from elastic_keras.layers.tables import load_table_rows, ps_tables
 
 logger = logging.getLogger(__name__)
+
+
+_PULL_IDS = 1 << 20  # ids per read-only pull of a bounded table's untrained rows
 
 
 def sample_features(spec, shard_path, index_cache_dir="", num_records=2):
@@ -71,8 +73,9 @@ def export_saved_model(spec, ps_client, features, path, embedding_threshold_para
 def trained_model(spec, ps_client, features, embedding_threshold_params):
     """The module's model built on `features`, holding the parameter servers' values.
 
-    Embedding tables become plain TensorFlow: a bounded table an ordinary weight (ids never
-    looked up during training get their initial rows), an unbounded one a hash-table lookup
+    Embedding tables become plain TensorFlow: a bounded table an ordinary weight (ids without
+    a row get what the shards serve evaluation for them: their initial rows, or zeros where
+    the table admits ids), an unbounded one a hash-table lookup
     of the trained rows with a zero row for unseen ids.
 
     Raises:
@@ -109,14 +112,17 @@ def trained_model(spec, ps_client, features, embedding_threshold_params):
 
 
 def _table_rows(ps_client, table):
-    """Every row the shards hold; for a bounded table, also the initial rows of the rest."""
+    """Every row the shards hold; for a bounded table, also the rows of the other ids as
+    the shards serve them to evaluation (their initial rows, or zeros where the table
+    admits ids)."""
     ids, rows = ps_client.pull_table(table.name)
     if rows is None:
         rows = np.zeros((0, table.dim), table.dtype)
     trained = len(ids)
     if table.input_dim:
         missing = np.setdiff1d(np.arange(table.input_dim, dtype=np.int64), ids)
-        fresh = initial_rows(table.name, missing, table.dim, table.initializer_config,
-                             table.input_dim, np.dtype(table.dtype))
-        ids, rows = np.concatenate([ids, missing]), np.concatenate([rows, fresh])
+        fresh = [ps_client.pull_embeddings({table.name: part}, read_only=True)[table.name]
+                 for part in np.array_split(missing, max(1, -(-len(missing) // _PULL_IDS)))]
+        ids = np.concatenate([ids, missing])
+        rows = np.concatenate([rows, *(f.reshape(-1, table.dim) for f in fresh)])
     return ids, rows, trained

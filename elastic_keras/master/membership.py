@@ -96,9 +96,12 @@ class Membership:
 
     def report_version(self, ps_id, version, staleness_counts=(), stale_rejections=0,
                        pending_pushes=0, applied_pushes=None, non_finite_pushes=0,
-                       table_rows=None, memory_bytes=0, wire_bytes=(0, 0)):
+                       table_stats=None, memory_bytes=0, wire_bytes=(0, 0)):
+        """Records a shard's report; `table_stats` maps each table to its
+        `TableLifecycleStats` fields (rows, bytes, admitted, evicted, ...)."""
         with self._lock:
-            self._ps_load[ps_id] = (dict(table_rows or {}), memory_bytes)
+            self._ps_load[ps_id] = ({name: dict(stats) for name, stats in
+                                     (table_stats or {}).items()}, memory_bytes)
             self._wire.report(ps_id, wire_bytes)
             self._ps_non_finite[ps_id] = non_finite_pushes
             self._ps_applied[ps_id] = dict(applied_pushes or {})
@@ -121,7 +124,8 @@ class Membership:
                            "heard_s_ago": ago("worker", i)} for i in self._hosts}
             shards = {i: {"address": self._ps.get(i, ""), "heard_s_ago": ago("ps", i),
                           "version": self._ps_versions.get(i, 0),
-                          "table_rows": self._ps_load.get(i, ({}, 0))[0],
+                          "table_rows": {t: stats["rows"] for t, stats in
+                                         self._ps_load.get(i, ({}, 0))[0].items()},
                           "memory_bytes": self._ps_load.get(i, ({}, 0))[1],
                           **self._wire.of(i)}
                       for i in range(self.num_ps)}
@@ -140,6 +144,20 @@ class Membership:
                 f"ps-{ps_id}": {"applied_by_staleness": counts, "rejected_as_stale": rejected}
                 for ps_id, (counts, rejected) in sorted(self._ps_staleness.items())
             }
+
+    def tables(self):
+        """Per table, per shard (`"ps-N"`) and in total over the shards: what the shards
+        last reported of its rows, bytes, admissions and evictions."""
+        with self._lock:
+            loads = sorted((i, stats) for i, (stats, _) in self._ps_load.items())
+        tables = {}
+        for ps_id, stats in loads:
+            for name, counts in stats.items():
+                entry = tables.setdefault(name, {"total": dict.fromkeys(counts, 0)})
+                entry[f"ps-{ps_id}"] = counts
+                for key, value in counts.items():
+                    entry["total"][key] = entry["total"].get(key, 0) + value
+        return dict(sorted(tables.items()))
 
     def mean_staleness(self):
         """`{"staleness/ps-N": mean staleness of the pushes shard N applied}` (asynchronous

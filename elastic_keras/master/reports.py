@@ -237,4 +237,11 @@ class Reports:
                                      for w in self.membership.view()[0].values()),
                 **{f"worker/{w}/examples_per_second": t.examples_per_second()
                    for w, t in sorted(self.worker_throughput.items())},
-                **self.membership.mean_staleness()}, version)
+                **self.membership.mean_staleness(), **self._table_scalars()}, version)
+
+    def _table_scalars(self):
+        """TensorBoard scalars of each embedding table, over all shards: rows held, rows
+        admitted and evicted, lookups not admitted."""
+        return {f"tables/{name}/{key}": counts["total"][key]
+                for name, counts in self.membership.tables().items()
+                for key in ("rows", "admitted", "evicted", "not_admitted_lookups")}

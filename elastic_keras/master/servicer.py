@@ -28,6 +28,7 @@ AUTHORITY = {
 }
 # The longest list a shard's report may carry (staleness buckets, workers' push counts).
 MAX_REPORT_ENTRIES = 65536
+_TABLE_STATS = tuple(f.name for f in master_pb2.TableLifecycleStats.DESCRIPTOR.fields)
 
 
 def _require(context, ok, method, rule, received):
@@ -136,7 +137,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._master.membership.report_version(
             request.ps_id, request.model_version, list(request.staleness_counts),
             request.stale_rejections, request.pending_pushes, dict(request.applied_pushes),
-            request.non_finite_pushes, dict(request.table_rows), request.memory_bytes,
+            request.non_finite_pushes,
+            {name: {key: getattr(stats, key) for key in _TABLE_STATS}
+             for name, stats in request.table_stats.items()}, request.memory_bytes,
             (request.bytes_received, request.bytes_sent),
         )
         return master_pb2.ReportVersionResponse()
@@ -175,11 +178,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         _check_counts(context, method, request, "model_version", "stale_rejections",
                       "pending_pushes", "non_finite_pushes", "memory_bytes", "bytes_received",
                       "bytes_sent")
-        rows = request.table_rows
-        _require(context, len(rows) <= MAX_REPORT_ENTRIES and min(rows.values(), default=0) >= 0
-                 and all(len(name) <= 256 for name in rows), method,
-                 f"table_rows must map at most {MAX_REPORT_ENTRIES} table names (256 characters "
-                 "at most) to counts, none negative", f"{len(rows)} entries")
+        tables = request.table_stats
+        _require(context, len(tables) <= MAX_REPORT_ENTRIES and all(
+            len(name) <= 256 and min(getattr(s, k) for k in _TABLE_STATS) >= 0
+            for name, s in tables.items()), method,
+            f"table_stats must map at most {MAX_REPORT_ENTRIES} table names (256 characters at "
+            "most) to counts, none negative", f"{len(tables)} entries")
         counts, applied = request.staleness_counts, request.applied_pushes
         _require(context, len(counts) <= MAX_REPORT_ENTRIES and min(counts, default=0) >= 0,
                  method, f"staleness_counts must be at most {MAX_REPORT_ENTRIES} counts, none "

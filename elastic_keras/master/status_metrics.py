@@ -45,6 +45,15 @@ def render(snapshot):
     out.gauge("ps_table_rows", "Embedding rows a shard holds.",
               [({**job, "ps": str(s["id"]), "table": t}, n) for s in shards
                for t, n in sorted(s["table_rows"].items())])
+    tables = [(name, shard, counts) for name, per in snapshot["tables"].items()
+              for shard, counts in per.items() if shard != "total"]
+    for key, what in (("admitted", "Embedding rows a shard created."),
+                      ("evicted", "Embedding rows a shard evicted."),
+                      ("not_admitted_lookups", "Training lookups a shard gave no row."),
+                      ("dropped_gradients", "Gradient rows of ids without a row, dropped.")):
+        out.counter(f"ps_table_{key}", what,
+                    [({**job, "ps": shard.removeprefix("ps-"), "table": name}, counts[key])
+                     for name, shard, counts in tables])
     out.gauge("ps_memory_bytes", "Resident memory of a shard's process.",
               [({**job, "ps": str(s["id"])}, s["memory_bytes"]) for s in shards])
     out.counter("ps_bytes_received", "Bytes of the messages a shard received (pushes, ...).",

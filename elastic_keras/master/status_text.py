@@ -29,6 +29,13 @@ def format_status(snapshot):
           str(sum(s["table_rows"].values())), _mib(s["memory_bytes"]),
           _mib(s["bytes_received"]), _mib(s["bytes_sent"]), _ago(s["heard_s_ago"])]
          for s in snapshot["ps"]]))
+    if snapshot["tables"]:
+        lines.append(_table(
+            ["table", "rows", "memory", "admitted", "evicted", "not admitted", "dropped"],
+            [[name, str(t["rows"]), _mib(t["bytes"]),
+              *(str(t[k]) for k in ("admitted", "evicted", "not_admitted_lookups",
+                                    "dropped_gradients"))]
+             for name, t in ((n, per["total"]) for n, per in snapshot["tables"].items())]))
     for evaluation in snapshot["evaluations"][-1:]:
         metrics = ", ".join(f"{k} {_number(v, 4)}" for k, v in evaluation["metrics"].items())
         lines.append(f"  last evaluation (version {evaluation['model_version']}): {metrics}")

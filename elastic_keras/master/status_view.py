@@ -12,7 +12,9 @@ The snapshot is plain JSON data:
 - `workers`: id, state, host, launch, current task, seconds since its last heartbeat;
 - `ps`: id, address, version, seconds since its last heartbeat, table rows, memory;
 - `events`: the latest role exits, newest first; `relaunches`: per role, its relaunches;
-- `staleness`: per shard, pushes applied by staleness and rejected as stale.
+- `staleness`: per shard, pushes applied by staleness and rejected as stale;
+- `tables`: per embedding table, per shard and in total: rows, bytes, rows admitted and
+  evicted, lookups not admitted, gradient rows dropped.
 """
 
 import collections
@@ -74,6 +76,7 @@ class StatusView:
             "events": events[::-1],
             "relaunches": dict(sorted(master.role_exits.counts.items())),
             "staleness": master.membership.staleness(),
+            "tables": master.membership.tables(),
         }
 
     def _job(self):

@@ -55,6 +55,9 @@ class JobSummary:
     outputs: dict = dataclasses.field(default_factory=dict)
     # The epoch after which a callback (EarlyStopping) ended the job, or None
     stopped_early: "int | None" = None
+    # Per embedding table, per shard ("ps-N") and in "total": rows held, bytes, rows
+    # admitted and evicted, lookups not admitted and gradient rows dropped, as last reported
+    tables: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         data = dataclasses.asdict(self)
@@ -181,4 +184,5 @@ def build_summary(config, run, state, tasks, membership, checkpoints):
                 "skipped_by_worker": run.skipped[1]},
         skipped_minibatches=run.skipped[0],
         job_type=config.job_type, outputs=run.outputs, stopped_early=run.stopped_early,
+        tables=membership.tables(),
     )

@@ -211,7 +211,7 @@ class DroppedPushes(_message.Message):
     def __init__(self, ps_id: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReportVersionRequest(_message.Message):
-    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes", "non_finite_pushes", "table_rows", "memory_bytes", "bytes_received", "bytes_sent")
+    __slots__ = ("ps_id", "model_version", "staleness_counts", "stale_rejections", "pending_pushes", "applied_pushes", "non_finite_pushes", "memory_bytes", "bytes_received", "bytes_sent", "table_stats")
     class AppliedPushesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -219,13 +219,13 @@ class ReportVersionRequest(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
-    class TableRowsEntry(_message.Message):
+    class TableStatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: int
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+        value: TableLifecycleStats
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TableLifecycleStats, _Mapping]] = ...) -> None: ...
     PS_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STALENESS_COUNTS_FIELD_NUMBER: _ClassVar[int]
@@ -233,10 +233,10 @@ class ReportVersionRequest(_message.Message):
     PENDING_PUSHES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_PUSHES_FIELD_NUMBER: _ClassVar[int]
     NON_FINITE_PUSHES_FIELD_NUMBER: _ClassVar[int]
-    TABLE_ROWS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    TABLE_STATS_FIELD_NUMBER: _ClassVar[int]
     ps_id: int
     model_version: int
     staleness_counts: _containers.RepeatedScalarFieldContainer[int]
@@ -244,11 +244,27 @@ class ReportVersionRequest(_message.Message):
     pending_pushes: int
     applied_pushes: _containers.ScalarMap[int, int]
     non_finite_pushes: int
-    table_rows: _containers.ScalarMap[str, int]
     memory_bytes: int
     bytes_received: int
     bytes_sent: int
-    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ..., non_finite_pushes: _Optional[int] = ..., table_rows: _Optional[_Mapping[str, int]] = ..., memory_bytes: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
+    table_stats: _containers.MessageMap[str, TableLifecycleStats]
+    def __init__(self, ps_id: _Optional[int] = ..., model_version: _Optional[int] = ..., staleness_counts: _Optional[_Iterable[int]] = ..., stale_rejections: _Optional[int] = ..., pending_pushes: _Optional[int] = ..., applied_pushes: _Optional[_Mapping[int, int]] = ..., non_finite_pushes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., table_stats: _Optional[_Mapping[str, TableLifecycleStats]] = ...) -> None: ...
+
+class TableLifecycleStats(_message.Message):
+    __slots__ = ("rows", "admitted", "evicted", "not_admitted_lookups", "dropped_gradients", "bytes")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    NOT_ADMITTED_LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    admitted: int
+    evicted: int
+    not_admitted_lookups: int
+    dropped_gradients: int
+    bytes: int
+    def __init__(self, rows: _Optional[int] = ..., admitted: _Optional[int] = ..., evicted: _Optional[int] = ..., not_admitted_lookups: _Optional[int] = ..., dropped_gradients: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ReportVersionResponse(_message.Message):
     __slots__ = ()

@@ -9,18 +9,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EmbeddingTableSpec(_message.Message):
-    __slots__ = ("name", "dim", "input_dim", "initializer", "dtype")
+    __slots__ = ("name", "dim", "input_dim", "initializer", "dtype", "admit_after", "admit_probability", "idle_steps", "max_rows")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INPUT_DIM_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     input_dim: int
     initializer: str
     dtype: str
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., input_dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+    admit_after: int
+    admit_probability: float
+    idle_steps: int
+    max_rows: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., input_dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., idle_steps: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
 
 class VariableOptions(_message.Message):
     __slots__ = ("name", "trainable", "constraint", "exclude_from_weight_decay")
@@ -97,10 +105,12 @@ class PullDensePart(_message.Message):
     def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PullEmbeddingRequest(_message.Message):
-    __slots__ = ("ids",)
+    __slots__ = ("ids", "read_only")
     IDS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, ids: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    read_only: bool
+    def __init__(self, ids: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., read_only: _Optional[bool] = ...) -> None: ...
 
 class PullEmbeddingResponse(_message.Message):
     __slots__ = ("model_version", "pieces")

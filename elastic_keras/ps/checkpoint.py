@@ -101,8 +101,8 @@ def load_shards(ckpt_path, ps_id, num_ps):
     if manifest["num_ps"] == num_ps:
         return _read(ckpt_path, manifest["shards"][ps_id])
     merged = _Merge(ps_id, num_ps)
-    for entry in manifest["shards"]:
-        merged.add(_read(ckpt_path, entry), os.path.join(ckpt_path, entry["file"]))
+    for old_id, entry in enumerate(manifest["shards"]):
+        merged.add(_read(ckpt_path, entry), os.path.join(ckpt_path, entry["file"]), old_id)
     return merged.result()
 
 
@@ -155,6 +155,7 @@ def _write(snapshot, stream, ps_id, num_ps):
         "applied_sequences": {str(w): s for w, s in snapshot.applied_sequences.items()},
         "applied_pushes": {str(w): n for w, n in snapshot.applied_pushes.items()},
         "table_steps": snapshot.table_steps,
+        "table_counters": snapshot.table_counters,
         "variable_options": [dataclasses.asdict(o) for o in snapshot.variable_options.values()],
         "dense": {name: add(value) for name, value in snapshot.dense.items()},
         "optimizer_slots": {name: {slot: add(value) for slot, value in slots.items()}
@@ -162,7 +163,8 @@ def _write(snapshot, stream, ps_id, num_ps):
         "optimizer_others": {key: add(value) for key, value in snapshot.optimizer_others.items()},
         "table_states": {
             name: {"ids": add(state.ids), "values": add(state.values),
-                   "slots": {slot: add(rows) for slot, rows in state.slots.items()}}
+                   "slots": {slot: add(rows) for slot, rows in state.slots.items()},
+                   **({} if state.touched is None else {"touched": add(state.touched)})}
             for name, state in snapshot.table_states.items()
         },
         "raw_dtypes": raw_dtypes,
@@ -238,7 +240,8 @@ def _parse(archive, file):
         optimizer_others={name: get(key) for name, key in meta["optimizer_others"].items()},
         table_states={
             name: TableState(ids=get(t["ids"]), values=get(t["values"]),
-                             slots={slot: get(key) for slot, key in t["slots"].items()})
+                             slots={slot: get(key) for slot, key in t["slots"].items()},
+                             touched=get(t["touched"]) if "touched" in t else None)
             for name, t in meta["table_states"].items()
         },
         applied_sequences={int(w): int(s) for w, s in meta["applied_sequences"].items()},
@@ -247,6 +250,7 @@ def _parse(archive, file):
                           for o in meta.get("variable_options", [])},
         applied_pushes={int(w): int(n) for w, n in meta.get("applied_pushes", {}).items()},
         table_steps=meta.get("table_steps"),
+        table_counters=meta.get("table_counters", {}),
     )
     return snapshot, meta
 
@@ -264,9 +268,11 @@ class _Merge:
         self._sequences = {}
         self._pushes = {}
         self._options = {}
+        self._counters = {}
 
-    def add(self, snapshot, file):
-        """Keeps the parts of `snapshot` (read from `file`) that the new shard owns."""
+    def add(self, snapshot, file, old_id):
+        """Keeps the parts of `snapshot` (read from `file`, written by shard `old_id`) that
+        the new shard owns."""
         first = self._first
         if first is None:
             self._first = first = snapshot
@@ -307,7 +313,15 @@ class _Merge:
             self._rows[name].append(TableState(
                 ids=state.ids[owned], values=state.values[owned],
                 slots={slot: rows[owned] for slot, rows in state.slots.items()},
+                touched=None if state.touched is None else state.touched[owned],
             ))
+        # Counts cannot be split by id: each new shard takes those of every num_ps-th old
+        # one, so the job's totals stay what they were.
+        if old_id % self._num_ps == self._ps_id:
+            for name, counts in snapshot.table_counters.items():
+                total = self._counters.setdefault(name, dict.fromkeys(counts, 0))
+                for key, value in counts.items():
+                    total[key] = total.get(key, 0) + value
 
     def result(self):
         first = self._first
@@ -324,6 +338,7 @@ class _Merge:
             variable_options=self._options,
             applied_pushes=self._pushes,
             table_steps=self._steps,
+            table_counters=self._counters,
         )
 
 
@@ -341,4 +356,6 @@ def _concatenate(states):
         values=np.concatenate([s.values for s in states]),
         slots={slot: np.concatenate([s.slots[slot] for s in states])
                for slot in states[0].slots},
+        touched=(None if any(s.touched is None for s in states)
+                 else np.concatenate([s.touched for s in states])),
     )

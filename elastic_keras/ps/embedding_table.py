@@ -6,15 +6,15 @@ created the first time an id is read or updated, with the layer's initializer
 (`embedding_init.initial_rows`, deterministic per id) and its slots at the optimizer's initial
 values. Only rows a gradient touches, and their slots, change (see `sparse_optimizers`).
 Rows can be removed (`remove`), or evicted when idle for some update steps or beyond a row
-budget, least recently updated first (`evict`: each row keeps the step it last changed at,
-8 bytes); a removed id that returns is a new row, and its place in the arrays is reused, so
-a table evicting as fast as new ids arrive keeps its memory.
+budget, least recently used first (`evict`: each row keeps the update step it was last used
+at in training, 4 bytes); a removed id that returns is a new row, and its place in the
+arrays is reused, so a table evicting as fast as new ids arrive keeps its memory. A table's
+`Lifecycle` (`table_lifecycle`) makes this automatic: ids are admitted before they get a
+row, and a table at its row budget evicts before it grows.
 The arrays grow geometrically by `GROWTH`, in place where the allocator can extend them, and
 ask the kernel for huge pages (as numpy does for the large arrays it allocates itself), which
 cuts the TLB misses of a step's random row reads (a gather of 64k rows of 10M took a quarter
-less time so).
-
-Not thread-safe: the shard serialises calls.
+less time so). Not thread-safe: the shard serialises calls.
 
 Example:
 
@@ -29,9 +29,6 @@ Example:
     3
 """
 
-import ctypes
-import mmap
-import sys
 import typing
 
 import numpy as np
@@ -39,18 +36,25 @@ import numpy as np
 from elastic_keras.common.embedding_init import check_initializer, initial_rows
 from elastic_keras.common.errors import DataError, PayloadError
 from elastic_keras.ps.id_map import IdMap
+from elastic_keras.ps.table_lifecycle import (
+    EVICTION_BATCH, Admission, Lifecycle, Recency, TableCounters,
+)
+from elastic_keras.ps.row_arrays import (
+    advise_huge_pages, as_slice, copy_grown, distinct, scatter, sum_repeated,
+)
 
 GROWTH = 1.25
 _MIN_CAPACITY = 1024
-_MADV_HUGEPAGE = 14  # Linux
 
 
 class TableState(typing.NamedTuple):
-    """A table's content as plain arrays: `ids[i]`'s row is `values[i]`, its slots `slots[n][i]`."""
+    """A table's content as plain arrays: `ids[i]`'s row is `values[i]`, its slots
+    `slots[n][i]`, and the update step it was last used at `touched[i]` (None: unknown)."""
 
     ids: np.ndarray
     values: np.ndarray
     slots: dict
+    touched: np.ndarray = None
 
 
 class EmbeddingTable:
@@ -65,6 +69,7 @@ class EmbeddingTable:
         slot_names: the optimizer slots to keep per row (`SparseOptimizer.slot_names`).
         slot_initial_values: `{slot name: value}` new rows start from; 0 where absent
             (`SparseOptimizer.slot_initial_value`).
+        lifecycle: the table's admission and eviction on this shard (`table_lifecycle`).
 
     Raises:
         ModelSpecError: the initializer cannot create rows for this table.
@@ -72,7 +77,7 @@ class EmbeddingTable:
     """
 
     def __init__(self, name, dim, initializer, input_dim=0, dtype=np.float32, slot_names=(),
-                 slot_initial_values=None):
+                 slot_initial_values=None, lifecycle=Lifecycle()):
         dtype = np.dtype(dtype)
         if not name or not isinstance(name, str):
             raise ValueError(f"A table needs a non-empty name. Received: name={name!r}")
@@ -101,7 +106,10 @@ class EmbeddingTable:
         self._values = np.empty((0, self.dim), dtype=dtype)
         self._slots = {slot: np.empty((0, self.dim), dtype=dtype) for slot in self.slot_names}
         self._step = 0  # the latest update step applied
-        self._touched = np.zeros(0, dtype=np.int64)  # per slot: the step its row last changed
+        self._recency = Recency()  # per slot: the step its row was last used at
+        self.lifecycle = lifecycle
+        self._admission = Admission.of(lifecycle, seed=name)
+        self.counters = TableCounters()
 
     @property
     def num_rows(self):
@@ -115,25 +123,43 @@ class EmbeddingTable:
 
     @property
     def nbytes(self):
-        """Bytes held: rows, slots and the id map (allocated capacity, not only used rows)."""
+        """Bytes held: rows, slots, recency, the id map and the admission counters
+        (allocated capacity, not only used rows)."""
         arrays = self._values.nbytes + sum(a.nbytes for a in self._slots.values())
-        return arrays + self._touched.nbytes + self._ids.nbytes
+        sketch = self._admission.nbytes if self._admission is not None else 0
+        return arrays + self._recency.steps.nbytes + self._ids.nbytes + sketch
 
-    def rows(self, ids):
-        """The rows of `ids` (a copy, shape `[*ids.shape, dim]`), creating missing ones.
+    def rows(self, ids, training=True):
+        """The rows of `ids` (a copy, shape `[*ids.shape, dim]`).
+
+        In training a lookup is a use of each row (for eviction) and an id without a row is
+        offered admission: admitted, it gets a new row; not admitted, it reads zeros. Outside
+        training (evaluation, prediction) nothing changes: an id without a row reads the row
+        it would be created with, or zeros where the table has an admission policy.
 
         Raises:
             PayloadError: ids are not integers, or outside `[0, input_dim)` for a bounded table.
         """
         ids = self._check_ids(ids)
-        slots = self._slots_of(ids.reshape(-1))
-        return np.take(self._values, slots, axis=0).reshape(*ids.shape, self.dim)
+        flat = ids.reshape(-1)
+        slots = self._slots_of(flat) if training else self._ids.lookup(flat)
+        absent = slots < 0
+        if not absent.any():
+            return np.take(self._values, slots, axis=0).reshape(*ids.shape, self.dim)
+        out = np.zeros((len(flat), self.dim), dtype=self.dtype)
+        present = np.flatnonzero(~absent)
+        out[present] = np.take(self._values, slots[present], axis=0)
+        if self._admission is None:
+            out[absent] = initial_rows(self.name, flat[absent], self.dim, self.initializer,
+                                       self.input_dim, self.dtype)
+        return out.reshape(*ids.shape, self.dim)
 
     def apply(self, ids, grads, optimizer, step, lr_scale=1.0):
         """Applies one optimizer step to the rows of `ids`; repeated ids' gradients are summed.
 
         Everything is checked before anything changes. Rows not yet present are created first
-        (as a lookup would) and then updated.
+        (as a lookup would) and then updated; where the table admits ids (see `rows`), their
+        gradients are dropped instead, counted in `counters.dropped_gradients`.
 
         Args:
             ids: 1-D integer ids.
@@ -171,17 +197,23 @@ class EmbeddingTable:
             )
         if not len(ids):
             return
-        ids, grads = _sum_repeated(ids, grads.astype(self.dtype, copy=False))
-        slots = self._slots_of(ids)
+        ids, grads = sum_repeated(ids, grads.astype(self.dtype, copy=False))
+        if self._admission is None:
+            slots = self._slots_of(ids)
+        else:  # rows are created by lookups only: an id not admitted has no row to update
+            slots = self._ids.lookup(ids)
+            kept = slots >= 0
+            self.counters.dropped_gradients += int(len(ids) - np.count_nonzero(kept))
+            slots, grads = slots[kept], grads[kept]
         values = np.take(self._values, slots, axis=0)
         slot_rows = {name: np.take(self._slots[name], slots, axis=0)
                      for name in optimizer.slot_names}
         optimizer.apply(values, slot_rows, grads, step, lr_scale)
         self._step = max(self._step, int(step))
-        self._touched[slots] = self._step
-        _scatter(self._values, slots, values)
+        self._recency.mark(slots, self._step)
+        scatter(self._values, slots, values)
         for name, rows in slot_rows.items():
-            _scatter(self._slots[name], slots, rows)
+            scatter(self._slots[name], slots, rows)
 
     def export(self, chunk_rows=65536):
         """Yields `(ids, rows)` copies of every row, at most `chunk_rows` at a time, by slot.
@@ -194,29 +226,41 @@ class EmbeddingTable:
             yield ids[start:start + chunk_rows], np.take(self._values, chunk, axis=0)
 
     def state(self):
-        """A `TableState` copy of every row and slot, for checkpoints."""
+        """A `TableState` copy of every row, slot and row's last use, for checkpoints."""
         ids, slots = self._ids.items()
         return TableState(
             ids=ids,
             values=np.take(self._values, slots, axis=0),
             slots={name: np.take(array, slots, axis=0) for name, array in self._slots.items()},
+            touched=self._recency.of(slots),
         )
 
-    def evict(self, max_rows=None, idle_steps=None):
-        """Removes the rows not updated in the last `idle_steps` update steps, then, while
-        more than `max_rows` remain, the least recently updated ones (a row created by a
-        lookup counts as updated then). Returns the ids removed."""
-        ids, slots = self._ids.items()
-        touched = self._touched[slots]
-        drop = np.zeros(len(ids), dtype=bool)
-        if idle_steps is not None:
-            drop = self._step - touched > idle_steps
-        kept = np.flatnonzero(~drop)
-        extra = len(kept) - max_rows if max_rows is not None else 0
-        if extra > 0:
-            drop[kept[np.argpartition(touched[kept], extra - 1)[:extra]]] = True
-        self._ids.remove(ids[drop])
+    def evict(self, max_rows=None, idle_steps=None, keep=()):
+        """Removes the rows not used in training in the last `idle_steps` update steps,
+        then, while more than `max_rows` remain, the least recently used ones, never the
+        rows of the slots `keep`. Returns the ids removed (counted in `counters.evicted`)."""
+        ids, slots, entries = self._ids.entries()
+        age = self._recency.ages(slots, self._step)
+        drop = age > idle_steps if idle_steps else np.zeros(len(ids), dtype=bool)
+        extra = len(ids) - int(np.count_nonzero(drop)) - (max_rows or 0)
+        if max_rows is not None and extra > 0:
+            age[drop] = 0
+            if np.count_nonzero(age) >= extra:  # older rows suffice: `keep` was used now
+                drop[np.argpartition(age, len(age) - extra)[len(age) - extra:]] = True
+            else:  # rows used at this step go too, but not those of `keep`
+                kept = np.zeros(self._ids.slot_bound, dtype=bool)
+                kept[np.asarray(keep, dtype=np.int64)] = True
+                candidates = np.flatnonzero(~drop & ~kept[slots])
+                extra = min(extra, len(candidates))
+                oldest = np.argsort(age[candidates], kind="stable")[len(candidates) - extra:]
+                drop[candidates[oldest]] = True
+        self._ids.remove_entries(entries[drop])
+        self.counters.evicted += int(np.count_nonzero(drop))
         return ids[drop]
+
+    def touched(self):
+        """The update step each row was last used at in training, in no particular order."""
+        return self._recency.of(self._ids.entries()[1])
 
     def remove(self, ids):
         """Removes the rows of `ids` (absent ones are skipped) with their slots; their
@@ -225,8 +269,10 @@ class EmbeddingTable:
 
     @classmethod
     def from_state(cls, name, initializer, ids, values, slots=None, input_dim=0,
-                   slot_initial_values=None):
-        """A table holding `ids` with rows `values` and slot rows `slots` (`{name: array}`).
+                   slot_initial_values=None, touched=None, step=0, lifecycle=Lifecycle()):
+        """A table holding `ids` with rows `values` and slot rows `slots` (`{name: array}`),
+        each row last used at the update step `touched` (None: all at `step`, the latest
+        update step applied).
 
         `dim` and `dtype` come from `values`; the slot names from `slots`. The arrays are
         copied (or cast) into the table's own.
@@ -246,8 +292,11 @@ class EmbeddingTable:
             if np.shape(array) != values.shape:
                 raise DataError(f"{what}: slot {slot!r} must have the values' shape "
                                 f"{list(values.shape)}. Received: {list(np.shape(array))}")
+        if touched is not None and np.shape(touched) != ids.shape:
+            raise DataError(f"{what}: touched must have the ids' shape {list(ids.shape)}. "
+                            f"Received: {list(np.shape(touched))}")
         table = cls(name, values.shape[1], initializer, input_dim, values.dtype, tuple(slots),
-                    slot_initial_values)
+                    slot_initial_values, lifecycle)
         try:
             table._check_ids(ids)
         except PayloadError as exc:
@@ -258,7 +307,9 @@ class EmbeddingTable:
             raise DataError(f"{what}: ids must be distinct. Received: {len(ids)} ids, "
                             f"{len(table._ids)} distinct")
         table._values = np.array(values, dtype=table.dtype, order="C")
-        table._touched = np.zeros(len(ids), dtype=np.int64)
+        table._step = int(step)
+        table._recency = Recency(np.full(len(ids), table._step) if touched is None
+                                 else touched, table._step)
         table._slots = {
             slot: np.array(array, dtype=table.dtype, order="C") for slot, array in slots.items()
         }
@@ -282,23 +333,40 @@ class EmbeddingTable:
         return ids
 
     def _slots_of(self, ids):
-        """The slot of each id (1-D), creating the rows of absent ids."""
+        """The slot of each id (1-D), creating the rows of absent ids that are admitted
+        (-1 for the others). A lookup marks the rows it finds used now."""
         slots = self._ids.lookup(ids)
         absent = slots < 0
+        self._recency.mark(slots[~absent], self._step)
         if not absent.any():
             return slots
-        new_ids, positions = _distinct(ids[absent])
+        new_ids, positions = distinct(ids[absent])
+        admitted = (np.ones(len(new_ids), dtype=bool) if self._admission is None
+                    else self._admission.admit(new_ids))
+        self.counters.not_admitted_lookups += int(np.count_nonzero(~admitted[positions]))
+        new_ids = new_ids[admitted]
+        self._make_room(len(new_ids), keep=slots[~absent])
         # The only step that may fail, before any change.
         self._reserve(self._ids.slots_after_insert(len(new_ids)))
-        new_slots = self._ids.insert(new_ids)
+        new_slots = np.full(len(admitted), -1, dtype=np.int64)
+        new_slots[admitted] = self._ids.insert(new_ids)
         slots[absent] = new_slots[positions]
-        created = _as_slice(new_slots)
-        self._touched[created] = self._step
+        created = as_slice(new_slots[admitted])
+        self._recency.mark(created, self._step)
         self._values[created] = initial_rows(
             self.name, new_ids, self.dim, self.initializer, self.input_dim, self.dtype)
         for name, array in self._slots.items():
             array[created] = self._slot_initial[name]
+        self.counters.admitted += len(new_ids)
         return slots
+
+    def _make_room(self, count, keep):
+        """Evicts rows, a batch at a time, so that `count` new rows fit the budget; never
+        the rows of the slots `keep` (a budget below them is exceeded, not broken)."""
+        budget = self.lifecycle.max_rows
+        if not budget or len(self._ids) + count <= budget:
+            return
+        self.evict(max_rows=max(budget - count - budget // EVICTION_BATCH, 0), keep=keep)
 
     def _reserve(self, rows):
         """Makes room for `rows` rows, growing each array by at least `GROWTH`.
@@ -306,86 +374,26 @@ class EmbeddingTable:
         Each array is checked on its own, so a call that ran out of memory halfway leaves a
         consistent table that the next call finishes growing.
         """
-        if rows <= self.capacity and all(len(a) >= rows for a in (self._touched,
+        if rows <= self.capacity and all(len(a) >= rows for a in (self._recency.steps,
                                                                  *self._slots.values())):
             return
-        shape = (max(rows, int(self.capacity * GROWTH), _MIN_CAPACITY), self.dim)
-        # `resize` extends a buffer in place (for large arrays usually without copying) when
-        # nothing else refers to the array. It counts references, so it is called on the
-        # attributes themselves, not through a helper's argument.
-        if len(self._values) < rows:
-            try:
-                self._values.resize(shape, refcheck=True)
-            except ValueError:
-                self._values = _copy_grown(self._values, shape)
-        if len(self._touched) < rows:
-            try:
-                self._touched.resize(shape[:1], refcheck=True)
-            except ValueError:
-                self._touched = _copy_grown(self._touched, shape[:1])
-        for name in self.slot_names:
-            if len(self._slots[name]) < rows:
-                try:
-                    self._slots[name].resize(shape, refcheck=True)
-                except ValueError:
-                    self._slots[name] = _copy_grown(self._slots[name], shape)
+        grown = max(int(self.capacity * GROWTH), _MIN_CAPACITY)
+        if self.lifecycle.max_rows:  # a table with a budget never needs more
+            grown = min(grown, self.lifecycle.max_rows)
+        shape = (max(rows, grown), self.dim)
+        for holder, key in ((self.__dict__, "_values"), (self._recency.__dict__, "steps"),
+                            *((self._slots, name) for name in self.slot_names)):
+            if len(holder[key]) < rows:
+                _grow(holder, key, shape[:holder[key].ndim])
         for array in (self._values, *self._slots.values()):
-            _advise_huge_pages(array)
+            advise_huge_pages(array)
 
 
-def _advise_huge_pages(array):
-    """Asks Linux to back `array`'s pages with huge pages where it can; elsewhere, or where
-    transparent huge pages are off, nothing changes."""
-    if _LIBC is None or array.nbytes < 4 << 20:
-        return
-    start = array.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
-    _LIBC.madvise(start, array.ctypes.data + array.nbytes - start, _MADV_HUGEPAGE)
-
-
-if sys.platform.startswith("linux"):
-    _LIBC = ctypes.CDLL(None)
-    _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-else:
-    _LIBC = None
-
-
-def _copy_grown(array, shape):
-    grown = np.empty(shape, dtype=array.dtype)
-    grown[:len(array)] = array
-    return grown
-
-
-def _as_slice(slots):
-    """`slots` as a slice where they are consecutive (a faster write), else as they are."""
-    if len(slots) and slots[-1] - slots[0] == len(slots) - 1 and np.all(np.diff(slots) == 1):
-        return slice(int(slots[0]), int(slots[-1]) + 1)
-    return slots
-
-
-def _scatter(array, slots, rows):
-    """`array[slots] = rows` for distinct slots, copying whole rows at once."""
-    row = np.dtype((np.void, array.shape[1] * array.itemsize))
-    rows = np.ascontiguousarray(rows, dtype=array.dtype)
-    array.view(row).reshape(-1)[slots] = rows.view(row).reshape(-1)
-
-
-def _distinct(ids):
-    """The distinct ids, and the index of each id among them.
-
-    Ids usually arrive distinct (workers deduplicate): a sort tells, and they are returned as
-    they are; otherwise they come back sorted.
-    """
-    ordered = np.sort(ids)
-    if not np.any(ordered[1:] == ordered[:-1]):
-        return ids, np.arange(len(ids))
-    return np.unique(ids, return_inverse=True)
-
-
-def _sum_repeated(ids, grads):
-    """One gradient row per distinct id, the rows of a repeated id added."""
-    distinct, positions = _distinct(ids)
-    if len(distinct) == len(ids):
-        return ids, grads
-    summed = np.zeros((len(distinct), grads.shape[1]), dtype=grads.dtype)
-    np.add.at(summed, positions, grads)
-    return distinct, summed
+def _grow(holder, key, shape):
+    """Grows the array `holder[key]` to `shape`. `resize` extends a buffer in place (for large
+    arrays usually without copying) when nothing else refers to the array; it counts
+    references, so it is called on the holder's entry itself, not on a local name."""
+    try:
+        holder[key].resize(shape, refcheck=True)
+    except ValueError:
+        holder[key] = copy_grown(holder[key], shape)

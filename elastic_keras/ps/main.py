@@ -43,6 +43,7 @@ from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import (
     AUTHORITY, SERVER_THREADS, WAITING_PULLS, PServerServicer, add_to_server,
 )
+from elastic_keras.ps.table_lifecycle import ShardLifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ def run(config, stop):
         logger.error("Cannot start: %s (the master's engine passes these files)", exc)
         return RoleExitCode.BAD_INPUT
     parameters = Parameters(policy, config.min_version, config.limits,
-                            None if config.learning_rate < 0 else config.learning_rate)
+                            None if config.learning_rate < 0 else config.learning_rate,
+                            ShardLifecycle(config.lifecycle, config.num_ps))
     if config.restore_from and not _restore(config, parameters):
         return RoleExitCode.BAD_INPUT
     transfer = config.transfer
@@ -220,7 +222,7 @@ def _keep_in_touch(config, address, parameters, master, stop, wire):
             master.report_version(config.slot, parameters.version,
                                   parameters.staleness.counts, parameters.staleness.rejections,
                                   parameters.pending_pushes, parameters.applied_pushes,
-                                  parameters.non_finite_pushes, parameters.rows_per_table,
+                                  parameters.non_finite_pushes, parameters.table_stats,
                                   resident_bytes(), (wire.received, wire.sent))
             if closed:
                 logger.warning(

@@ -55,6 +55,7 @@ from elastic_keras.ps.shard_snapshots import SnapshotMixin
 from elastic_keras.ps.shard_types import (
     DUPLICATE, SKIPPED, STALE, InitResult, PullResult, PushResult,
 )
+from elastic_keras.ps.table_lifecycle import ShardLifecycle
 from elastic_keras.ps.updates import PreparedUpdate, check_sizes, non_finite, non_finite_error
 
 
@@ -74,11 +75,14 @@ class Parameters(SnapshotMixin, LearningRateMixin):
         min_version: the version a model starts at, and the least a restored one takes: the
             highest a restarted shard had reached (as the master knows it).
         limits: the `PayloadLimits` requests are checked against.
+        learning_rate: the rate the job's callbacks set (None: the optimizer's own).
+        lifecycle: the `ShardLifecycle` of the tables' admission, eviction and budgets.
     """
 
     def __init__(self, policy=UpdatePolicy(), min_version=0, limits=PayloadLimits(),
-                 learning_rate=None):
+                 learning_rate=None, lifecycle=ShardLifecycle()):
         self.policy = policy
+        self.lifecycle = lifecycle
         self._learning_rate = learning_rate  # set by the master; applied to every model
         self.limits = limits
         self.non_finite_pushes = 0  # pushes holding NaN or Inf, refused or skipped
@@ -122,10 +126,10 @@ class Parameters(SnapshotMixin, LearningRateMixin):
             return dict(self._applied_pushes)
 
     @property
-    def rows_per_table(self):
-        """`{table name: rows this shard holds}` (empty without a model)."""
-        model = self._model
-        return {name: t.num_rows for name, t in model.tables.items()} if model else {}
+    def table_stats(self):
+        """`{table: {"rows", "bytes", and its `TableCounters`}}` (empty without a model)."""
+        with self._lock:
+            return self._model.table_stats() if self._model else {}
 
     @property
     def pending_pushes(self):
@@ -156,7 +160,7 @@ class Parameters(SnapshotMixin, LearningRateMixin):
                 one above the `limits` (checked on every call, before anything changes).
         """
         check_sizes(dense, tables, self.limits)
-        model = build_model(dense, optimizer_config, tables, options)
+        model = build_model(dense, optimizer_config, tables, options, self.lifecycle)
         with self._lock:
             if self._model is not None:
                 if self._options_pending and model.variable_options:
@@ -299,11 +303,12 @@ class Parameters(SnapshotMixin, LearningRateMixin):
             self._close_round(self._model)
             return count
 
-    def pull_embeddings(self, ids_by_table):
+    def pull_embeddings(self, ids_by_table, read_only=False):
         """Rows of embedding tables, `{table: ids}` -> `{table: [len(ids), dim] rows}`.
 
-        Rows looked up for the first time are created with the table's initializer, the same
-        on any shard and after any restart.
+        In training, rows looked up for the first time are created (the same on any shard,
+        after any restart) once their ids are admitted, and a shard over its row budget
+        evicts first (see `EmbeddingTable.rows`); `read_only` (inference) changes nothing.
 
         Raises:
             NotReadyError: before InitModel. PayloadError: an unknown table or bad ids.
@@ -311,7 +316,10 @@ class Parameters(SnapshotMixin, LearningRateMixin):
         model = self._require_model("PullEmbedding")
         lookups = model.lookups(ids_by_table, "PullEmbedding")
         with self._lock:
-            return {table.name: table.rows(ids) for table, ids in lookups}, self._version
+            if not read_only:
+                model.keep_in_bounds(None, self.lifecycle.max_rows_per_shard)
+            return ({table.name: table.rows(ids, training=not read_only)
+                     for table, ids in lookups}, self._version)
 
     def table_rows(self, name, chunk_rows):
         """Every row of table `name` this shard holds, as `(ids, rows)` chunks.
@@ -380,6 +388,7 @@ class Parameters(SnapshotMixin, LearningRateMixin):
                              f"{type(exc).__name__}: {exc}") from exc
         self._version += 1
         self._steps += 1
+        model.keep_in_bounds(self._steps, self.lifecycle.max_rows_per_shard)
         self._version_changed.notify_all()
 
     def _close_round(self, model):

@@ -112,6 +112,16 @@ def _abort_on_domain_errors(context, method):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
 
 
+def _table_config(spec):
+    """The `TableConfig` of an `EmbeddingTableSpec` (its unset lifecycle fields: None)."""
+    return TableConfig(
+        spec.name, spec.dim, spec.input_dim, spec.initializer or "uniform",
+        spec.dtype or "float32",
+        *(getattr(spec, f) if spec.HasField(f) else None
+          for f in ("admit_after", "admit_probability", "idle_steps", "max_rows")),
+    )
+
+
 def _decode_all(tensors):
     return tuple((tensor.name, tensor_codec.decode(tensor)) for tensor in tensors)
 
@@ -140,14 +150,17 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
     def InitModel(self, request, context):
         if request.HasField("worker_id"):
             bind_worker(context, request.worker_id)
+        tables = [_table_config(t) for t in request.embedding_tables]
         with _abort_on_domain_errors(context, "InitModel"):
             result = self._parameters.init_model(
-                _decode_all(request.dense), request.optimizer_config,
-                [TableConfig(t.name, t.dim, t.input_dim, t.initializer or "uniform",
-                             t.dtype or "float32") for t in request.embedding_tables],
+                _decode_all(request.dense), request.optimizer_config, tables,
                 [VariableOptions(v.name, v.trainable, v.constraint, v.exclude_from_weight_decay)
                  for v in request.variables],
             )
+        if result.initialized_now:
+            for table in tables:
+                logger.info("Table %s (dim %d): %s", table.name, table.dim,
+                            self._parameters.lifecycle.of_table(table).describe())
         return pserver_pb2.InitModelResponse(
             initialized_now=result.initialized_now, model_version=result.model_version,
             applied_sequence=(self._parameters.applied_sequence(request.worker_id,
@@ -236,7 +249,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
 
     def PullEmbedding(self, request, context):
         with _abort_on_domain_errors(context, "PullEmbedding"):
-            rows, version = self._parameters.pull_embeddings(_decode_all(request.ids))
+            rows, version = self._parameters.pull_embeddings(_decode_all(request.ids),
+                                                             read_only=request.read_only)
         return tensor_stream.embedding_frame(version, self._transfer.encode(rows.items()),
                                              self._transfer)
 

@@ -33,6 +33,7 @@ from elastic_keras.ps.embedding_table import EmbeddingTable, TableState
 from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config
 from elastic_keras.ps.shard_types import Snapshot
 from elastic_keras.ps.sparse_optimizers import from_keras_config as sparse_optimizer_from_config
+from elastic_keras.ps.table_lifecycle import ShardLifecycle, TableCounters, evict_over_budget
 from elastic_keras.ps.updates import (
     VariableSpec, check_initial_values, check_table_rows, prepare_update,
 )
@@ -115,6 +116,21 @@ class ShardModel:
                 rows[name] = check_table_rows(self.tables[name], value)
         return prepare_update(self.specs, dense, deltas), rows
 
+    def table_stats(self):
+        """`{table name: {"rows", "bytes", and its `TableCounters`}}`."""
+        return {name: {"rows": t.num_rows, "bytes": t.nbytes, **t.counters.as_dict()}
+                for name, t in self.tables.items()}
+
+    def keep_in_bounds(self, step, max_rows_per_shard=0):
+        """After the update `step` (None: not after an update): evicts idle rows (each table
+        every eighth of its `idle_steps`, so a row goes between T and 9T/8 idle steps), then
+        rows over the shard's budget of `max_rows_per_shard` over all tables (0: none).
+        Returns how many rows went."""
+        gone = sum(len(t.evict(idle_steps=t.lifecycle.idle_steps)) for t in self.tables.values()
+                   if step is not None and t.lifecycle.idle_steps
+                   and step % max(1, t.lifecycle.idle_steps // 8) == 0)
+        return gone + evict_over_budget(list(self.tables.values()), max_rows_per_shard)
+
     def apply(self, gradients, rows, deltas, step, lr_scale=1.0):
         """One optimizer step on the dense variables and table rows, the non-trainable
         variables' deltas added.
@@ -134,7 +150,7 @@ class ShardModel:
             variable.assign(variable.numpy() + delta)
 
 
-def build_model(dense, optimizer_config, tables=(), options=()):
+def build_model(dense, optimizer_config, tables=(), options=(), lifecycle=ShardLifecycle()):
     """The `ShardModel` of an InitModel request, every part checked first.
 
     Args:
@@ -144,16 +160,18 @@ def build_model(dense, optimizer_config, tables=(), options=()):
         tables: `TableConfig`s of the model's embedding tables.
         options: `VariableOptions` of the dense variables; a variable without one is
             trainable if it is floating point, unconstrained and decayed.
+        lifecycle: the shard's `ShardLifecycle`, which gives each table its own.
 
     Raises:
         PayloadError: a bad tensor list, optimizer config, table config or option.
     """
     values = check_initial_values(dense)
     checked_options = _check_options(options, values)
-    return _new_model(values, optimizer_config, _check_tables(tables, values), checked_options)
+    tables = _check_tables(tables, values, lifecycle)
+    return _new_model(values, optimizer_config, tables, checked_options, lifecycle)
 
 
-def restore_model(snapshot):
+def restore_model(snapshot, lifecycle=ShardLifecycle()):
     """The `ShardModel` of a `Snapshot`: built as `build_model` builds it from the snapshot's
     optimizer config and tables, then its values, optimizer state and table rows set.
 
@@ -163,10 +181,14 @@ def restore_model(snapshot):
     """
     try:
         model = build_model(tuple(snapshot.dense.items()), snapshot.optimizer_config,
-                            snapshot.tables, snapshot.variable_options.values())
+                            snapshot.tables, snapshot.variable_options.values(), lifecycle)
         model.applier.set_state(snapshot.optimizer_iterations, snapshot.optimizer_slots,
                                 snapshot.optimizer_others)
-        _restore_tables(model, snapshot.table_states, model.sparse_optimizer)
+        steps = snapshot.version if snapshot.table_steps is None else snapshot.table_steps
+        _restore_tables(model, snapshot.table_states, steps)
+        for name, counts in snapshot.table_counters.items():
+            if name in model.tables:
+                model.tables[name].counters = TableCounters(**counts)
     except (PayloadError, DataError, ValueError) as exc:
         raise CheckpointError(f"The snapshot at version {snapshot.version} cannot be "
                               f"restored: {exc}") from exc
@@ -196,10 +218,11 @@ def take_snapshot(model, version, applied_sequences, applied_pushes, table_steps
         variable_options=dict(model.variable_options),
         applied_pushes=dict(applied_pushes),
         table_steps=table_steps,
+        table_counters={name: t.counters.as_dict() for name, t in model.tables.items()},
     )
 
 
-def _new_model(values, optimizer_config, tables, options):
+def _new_model(values, optimizer_config, tables, options, lifecycle=ShardLifecycle()):
     """The `ShardModel` of checked initial values, optimizer config, tables and options.
 
     Raises:
@@ -228,6 +251,7 @@ def _new_model(values, optimizer_config, tables, options):
                 slot_names=slot_names,
                 slot_initial_values={n: sparse_optimizer.slot_initial_value(n)
                                      for n in slot_names},
+                lifecycle=lifecycle.of_table(t),
             )
             for t in tables
         },
@@ -293,8 +317,10 @@ def _check_options(options, values):
     return checked
 
 
-def _restore_tables(model, states, sparse_optimizer):
-    """Replaces the empty tables of a new `model` with tables holding `states`' rows."""
+def _restore_tables(model, states, step):
+    """Replaces the empty tables of a new `model` with tables holding `states`' rows, at
+    the update `step`."""
+    sparse_optimizer = model.sparse_optimizer
     if set(states) != set(model.tables):
         raise CheckpointError(f"The table states must be those of the tables "
                               f"{sorted(model.tables)}. Received: {sorted(states)}")
@@ -312,12 +338,13 @@ def _restore_tables(model, states, sparse_optimizer):
             name, empty.initializer, state.ids, state.values,
             {slot: state.slots[slot] for slot in empty.slot_names}, empty.input_dim,
             {n: sparse_optimizer.slot_initial_value(n) for n in empty.slot_names},
+            state.touched, step, empty.lifecycle,
         )
 
 
-def _check_tables(tables, dense_values):
-    """The `TableConfig`s of `tables` as a list, each checked; names unique and unlike the
-    dense variables'."""
+def _check_tables(tables, dense_values, lifecycle):
+    """The `TableConfig`s of `tables` as a list, each checked (its lifecycle on this shard
+    too); names unique and unlike the dense variables'."""
     checked = []
     for table in tables:
         what = f"Embedding table {table.name!r}"
@@ -338,6 +365,10 @@ def _check_tables(tables, dense_values):
             check_initializer(table.initializer or "uniform", table.input_dim)
         except ModelSpecError as exc:
             raise PayloadError(f"{what}: {exc}") from exc
+        try:
+            lifecycle.of_table(table)
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"{what}: its admission or eviction: {exc}") from exc
         checked.append(table)
     names = [t.name for t in checked]
     if len(set(names)) != len(names):

@@ -38,7 +38,7 @@ class SnapshotMixin:
                 "restore needs an empty shard: this one already holds a model at version "
                 f"{self._version}. Received: a snapshot at version {snapshot.version}"
             )
-        model = restore_model(snapshot)
+        model = restore_model(snapshot, self.lifecycle)
         with self._lock:
             if self._model is not None:
                 raise PSError("restore needs an empty shard: InitModel came first.")

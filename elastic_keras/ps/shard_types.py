@@ -86,6 +86,11 @@ class TableConfig:
     input_dim: int = 0
     initializer: str = "uniform"
     dtype: str = "float32"
+    # The layer's own admission and eviction; None: the shard's flags (`ShardLifecycle`).
+    admit_after: int = None
+    admit_probability: float = None
+    idle_steps: int = None
+    max_rows: int = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +122,8 @@ class Snapshot:
         table_steps: the updates the shard has applied: the step count of the tables'
             sparse optimizer, which keeps no other state (None: the version, as files
             written before versions could jump on a relaunch).
+        table_counters: `{table name: TableCounters fields}`: what admission and eviction
+            did (files written before tables had lifecycles have none).
     """
 
     version: int
@@ -131,4 +138,5 @@ class Snapshot:
     variable_options: dict = dataclasses.field(default_factory=dict)
     applied_pushes: dict = dataclasses.field(default_factory=dict)
     table_steps: int = None
+    table_counters: dict = dataclasses.field(default_factory=dict)
 

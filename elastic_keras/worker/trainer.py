@@ -25,6 +25,7 @@ twice. A shard that comes back without a checkpoint holds no model; the worker t
 it its own copy of the dense variables (InitModel keeps the first offer).
 """
 
+import functools
 import json
 import logging
 import math
@@ -137,6 +138,7 @@ class Trainer(Replica):
             pserver_pb2.EmbeddingTableSpec(
                 name=t.name, dim=t.dim, input_dim=t.input_dim, dtype=t.dtype,
                 initializer=json.dumps(t.initializer_config),
+                **{k: v for k, v in t.lifecycle.items() if v is not None},
             )
             for t in self._tables
         ], variable_options(optimizer, self._trainable, self._fixed))
@@ -197,11 +199,11 @@ class Trainer(Replica):
         logger.warning("Offered this worker's copy of the dense variables to a parameter "
                        "server that came back without a checkpoint")
 
-    def _lookup_rows(self, table, ids):
-        """Rows of `table` for unique `ids`, from the shards (called inside the step)."""
-        return self._through_outages(
-            "an embedding lookup", lambda: self._ps.pull_embeddings({table: ids})[table]
-        )
+    def _lookup_rows(self, table, ids, read_only=False):
+        """Rows of `table` for unique `ids`, from the shards (called inside the step);
+        `read_only` (inference) creates no row and counts no sighting."""
+        return self._through_outages("an embedding lookup", lambda: self._ps.pull_embeddings(
+            {table: ids}, read_only=read_only)[table])
 
     # -- the Replica an update strategy works on -------------------------------------------
 
@@ -308,7 +310,8 @@ class Trainer(Replica):
                 grads[len(dense):])
 
     def _forward_fn(self, features):
-        with lookup_context(LookupContext(self._lookup_rows)):
+        with lookup_context(LookupContext(functools.partial(self._lookup_rows,
+                                                            read_only=True))):
             return self._model(features, training=False)
 
     # -- training and evaluation -----------------------------------------------------------

@@ -316,3 +316,18 @@ def test_functional_model_with_sparse_ids(store):
     out = _call(store, model, sparse)
     np.testing.assert_allclose(out.numpy(), [store.rows("t", [4, 5]).sum(0) / np.sqrt(2),
                                              np.zeros(DIM), store.rows("t", [6])[0]], rtol=1e-6)
+
+
+def test_lifecycle_arguments_are_checked_and_kept_in_the_config():
+    layer = Embedding(4, admit_after=3, idle_steps=1000, max_rows=50_000, name="ads")
+    assert layer.lifecycle == {"admit_after": 3, "admit_probability": None,
+                               "idle_steps": 1000, "max_rows": 50_000}
+    assert Embedding.from_config(layer.get_config()).lifecycle == layer.lifecycle
+    assert Embedding(4).lifecycle == dict.fromkeys(
+        ("admit_after", "idle_steps", "max_rows", "admit_probability"))
+    for bad, problem in [({"admit_after": -1}, "admit_after"), ({"max_rows": 2.5}, "max_rows"),
+                         ({"admit_probability": 0}, "admit_probability"),
+                         ({"admit_after": 300}, "at most 255"),
+                         ({"admit_after": 2, "admit_probability": 0.5}, "not both")]:
+        with pytest.raises(ValueError, match=problem):
+            Embedding(4, **bad)

@@ -199,3 +199,14 @@ def test_a_constrained_embedding_is_not_served_from_the_ps():
     with pytest.raises(ModelSpecError, match="embeddings_constraint=NonNeg"):
         ps_tables(model, threshold_params=THRESHOLD)
     assert ps_tables(model, threshold_params=VOCAB * DIM) == []  # kept dense, constrained
+
+
+def test_a_tables_lifecycle_comes_from_its_layers_which_must_agree():
+    ids = keras.Input(shape=(2,), dtype="int64")
+    model = keras.Model(ids, Embedding(DIM, admit_after=2, table="t", name="a")(ids))
+    (spec,) = ps_tables(model)
+    assert spec.lifecycle["admit_after"] == 2 and spec.lifecycle["max_rows"] is None
+    other = Embedding(DIM, admit_after=5, table="t", name="b")(ids)
+    both = keras.Model(ids, Embedding(DIM, admit_after=2, table="t", name="c")(ids) + other)
+    with pytest.raises(ValueError, match="agree on .*lifecycle"):
+        ps_tables(both)

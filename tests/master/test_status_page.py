@@ -36,6 +36,11 @@ SNAPSHOT = {
                 "relaunches": 1}],
     "relaunches": {"worker-0": 1},
     "staleness": {"ps-0": {"applied_by_staleness": [50, 20, 3], "rejected_as_stale": 4}},
+    "tables": {"embedding": {
+        "ps-0": {"rows": 300, "bytes": 3 * 2**20, "admitted": 900, "evicted": 600,
+                 "not_admitted_lookups": 4100, "dropped_gradients": 77},
+        "total": {"rows": 300, "bytes": 3 * 2**20, "admitted": 900, "evicted": 600,
+                  "not_admitted_lookups": 4100, "dropped_gradients": 77}}},
 }
 
 
@@ -59,6 +64,12 @@ def test_metrics_parse_as_prometheus_text_with_the_jobs_label():
     applied = {s.labels["staleness"]: s.value
                for s in families["elastic_keras_pushes_applied"].samples}
     assert applied == {"0": 50, "1": 20, "2": 3}
+    evicted = families["elastic_keras_ps_table_evicted"]
+    assert evicted.type == "counter"
+    assert [(x.labels["ps"], x.labels["table"], x.value) for x in evicted.samples] == [
+        ("0", "embedding", 600)]
+    dropped = families["elastic_keras_ps_table_dropped_gradients"].samples
+    assert [x.value for x in dropped] == [77]
     sent = families["elastic_keras_ps_bytes_sent"]
     assert sent.type == "counter" and sent.samples[0].value == 7000
     ages = {s.labels["role"] for s in families["elastic_keras_heartbeat_age_seconds"].samples}
@@ -71,6 +82,8 @@ def test_the_terminal_view_names_workers_shards_and_failures():
     assert "training train-0.tfrecord [0, 512) 128/512" in text
     assert "300 MiB" in text and "accuracy 0.7500" in text
     assert "worker-0 was killed (SIGKILL) (relaunched 1x)" in text
+    table_line = next(line for line in text.splitlines() if line.strip().startswith("embedding"))
+    assert table_line.split() == ["embedding", "300", "3.0", "MiB", "900", "600", "4100", "77"]
 
 
 class _View:

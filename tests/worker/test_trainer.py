@@ -33,11 +33,11 @@ class CountingParameters(Parameters):
         super().__init__()
         self.pulled = {}
 
-    def pull_embeddings(self, ids_by_table):
+    def pull_embeddings(self, ids_by_table, read_only=False):
         ids_by_table = tuple(ids_by_table)
         for table, ids in ids_by_table:
             self.pulled.setdefault(table, []).append(np.array(ids))
-        return super().pull_embeddings(ids_by_table)
+        return super().pull_embeddings(ids_by_table, read_only)
 
 
 def _model():

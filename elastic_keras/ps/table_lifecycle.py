@@ -1,0 +1,290 @@
+"""What keeps an embedding table in bounds: which new ids get a row, and which rows go.
+
+A `Lifecycle` is a table's policy on one shard:
+
+- **Admission.** With `admit_after=N`, an id gets a row only once it has been looked up in
+  training N times; with `admit_probability=p`, each training lookup of an id without a row
+  gives it one with probability p. Until then the id reads zeros (what a served export
+  gives an id it never saw, and a row that adds nothing to a sum) and its gradients are
+  dropped, counted. Sightings are counted in a count-min sketch (`SightingCounter`), a fixed
+  block of small counters, never a dict: a few ids that share counters with frequent ones
+  are admitted early. Admission takes an id's N sightings off its counters, so an evicted id
+  that returns must be seen N times again; counters halve every `width * 8` sightings, so
+  ids seen long ago fade.
+- **Eviction.** With `idle_steps=T`, rows not looked up or updated in training for T update
+  steps of the shard are removed; with `max_rows=R`, a table about to hold more than R rows
+  first removes the least recently used ones, an eighth of R at a time (so the cost of
+  choosing them is spread over many new ids). Rows go with their optimizer slots.
+
+`TableCounters` keeps what happened, for the job's summary and status page.
+
+Example:
+
+    >>> import numpy as np
+    >>> admission = Admission.of(Lifecycle(admit_after=2), seed="user")
+    >>> admission.admit(np.array([7, 8])).tolist()
+    [False, False]
+    >>> admission.admit(np.array([7])).tolist()
+    [True]
+"""
+
+import dataclasses
+import hashlib
+
+import numpy as np
+
+from elastic_keras.common.embedding_lifecycle import EmbeddingLifecycle
+from elastic_keras.common.hashing import mix64
+
+EVICTION_BATCH = 8  # a full table frees max_rows // EVICTION_BATCH rows at a time
+_SKETCH_DEPTH = 4
+_SKETCH_MAX_WIDTH = 1 << 22  # 16 MiB of counters at most per table
+_COUNTER_MAX = np.iinfo(np.uint8).max
+
+
+@dataclasses.dataclass(frozen=True)
+class Lifecycle:
+    """A table's admission and eviction policy on one shard (all off by default).
+
+    Attributes:
+        admit_after: sightings in training before an id gets a row; 0 or 1: at once.
+        admit_probability: chance that a sighting of an id without a row gives it one.
+        idle_steps: rows unused for more update steps than this are evicted; 0: never.
+        max_rows: rows the table may hold on the shard; 0: no bound.
+    """
+
+    admit_after: int = 0
+    admit_probability: float = 1.0
+    idle_steps: int = 0
+    max_rows: int = 0
+
+    def __post_init__(self):
+        for name in ("admit_after", "idle_steps", "max_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer. Received: {value!r}")
+        p = self.admit_probability
+        if isinstance(p, bool) or not 0.0 < float(p) <= 1.0:
+            raise ValueError(f"admit_probability must lie in (0, 1]. Received: {p!r}")
+        if self.admit_after > 1 and p < 1.0:
+            raise ValueError(
+                "Admission counts sightings (admit_after) or draws (admit_probability), not "
+                f"both. Received: admit_after={self.admit_after}, admit_probability={p}"
+            )
+        if self.admit_after > _COUNTER_MAX:
+            raise ValueError(f"admit_after must be at most {_COUNTER_MAX}. "
+                             f"Received: {self.admit_after}")
+
+    @property
+    def admits_all(self):
+        """Every id looked up gets a row at once."""
+        return self.admit_after <= 1 and self.admit_probability >= 1.0
+
+    def describe(self):
+        """The policy in words, for logs."""
+        parts = []
+        if self.admit_after > 1:
+            parts.append(f"rows after {self.admit_after} sightings")
+        if self.admit_probability < 1.0:
+            parts.append(f"rows with probability {self.admit_probability:g}")
+        if self.idle_steps:
+            parts.append(f"evicted after {self.idle_steps} idle steps")
+        if self.max_rows:
+            parts.append(f"at most {self.max_rows} rows on this shard")
+        return ", ".join(parts) or "every id kept"
+
+
+@dataclasses.dataclass
+class TableCounters:
+    """What admission and eviction did to one table on one shard, since the shard started
+    (restored counts included)."""
+
+    admitted: int = 0            # rows created
+    evicted: int = 0             # rows removed by eviction
+    not_admitted_lookups: int = 0  # training lookups of ids without a row that got none
+    dropped_gradients: int = 0   # gradient rows of ids without a row, not applied
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+class Admission:
+    """Decides which ids without a row get one; see the module docstring."""
+
+    @staticmethod
+    def of(lifecycle, seed):
+        """The admission of `lifecycle`, or None where every id is admitted."""
+        if lifecycle.admits_all:
+            return None
+        if lifecycle.admit_after > 1:
+            return _Counted(lifecycle.admit_after, SightingCounter(lifecycle.max_rows, seed))
+        return _Drawn(lifecycle.admit_probability, seed)
+
+
+class _Counted(Admission):
+    def __init__(self, threshold, counter):
+        self.threshold, self.counter = threshold, counter
+
+    @property
+    def nbytes(self):
+        return self.counter.nbytes
+
+    def admit(self, ids):
+        """Counts one sighting of each of the distinct `ids`; True where an id is admitted."""
+        admitted = self.counter.add(ids) >= self.threshold
+        self.counter.take(ids[admitted], self.threshold)
+        return admitted
+
+
+class _Drawn(Admission):
+    nbytes = 0
+
+    def __init__(self, probability, seed):
+        self.probability = probability
+        self._random = np.random.default_rng(_seed_of(seed))
+
+    def admit(self, ids):
+        return self._random.random(len(ids)) < self.probability
+
+
+class SightingCounter:
+    """A count-min sketch of how often ids were seen: `depth` rows of saturating 8-bit
+    counters; an id's count is the least of its counters, never below its true count
+    (until the counters halve).
+
+    Args:
+        expected: about how many distinct ids it must tell apart (its width grows with it).
+        seed: what makes the hashes of one table differ from another's.
+    """
+
+    def __init__(self, expected, seed):
+        width = 1 << max(16, min(int(max(expected, 1) * 2 - 1).bit_length(), 22))
+        self.width = min(width, _SKETCH_MAX_WIDTH)
+        self._counts = np.zeros((_SKETCH_DEPTH, self.width), dtype=np.uint8)
+        base = _seed_of(seed)
+        self._salts = mix64(np.array([(base + i) % (1 << 64) for i in range(_SKETCH_DEPTH)],
+                                     dtype=np.uint64))
+        self._since_halving = 0
+
+    def add(self, ids):
+        """Adds one sighting of each distinct id; returns each id's count after it."""
+        columns = self._columns(ids)
+        rows = np.arange(_SKETCH_DEPTH)[:, None]
+        counts = self._counts[rows, columns]
+        counts = np.minimum(counts.astype(np.int64) + 1, _COUNTER_MAX)
+        self._counts[rows, columns] = counts  # distinct ids: a shared counter counts once
+        self._since_halving += len(ids)
+        if self._since_halving >= self.width * 8:
+            self._counts >>= 1
+            self._since_halving = 0
+        return counts.min(axis=0)
+
+    def take(self, ids, amount):
+        """Takes `amount` sightings off each id's counters (not below zero)."""
+        if not len(ids):
+            return
+        columns = self._columns(ids)
+        rows = np.arange(_SKETCH_DEPTH)[:, None]
+        counts = self._counts[rows, columns].astype(np.int64)
+        self._counts[rows, columns] = np.maximum(counts - amount, 0)
+
+    @property
+    def nbytes(self):
+        return self._counts.nbytes
+
+    def _columns(self, ids):
+        hashed = mix64(np.asarray(ids, dtype=np.int64).view(np.uint64)[None, :]
+                       ^ self._salts[:, None])
+        return (hashed & np.uint64(self.width - 1)).astype(np.intp)
+
+
+def _seed_of(text):
+    return int.from_bytes(hashlib.blake2b(str(text).encode(), digest_size=8).digest(), "little")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLifecycle:
+    """What a shard's flags say of its tables' lifecycles: the job's defaults
+    (`EmbeddingLifecycle`) for the settings a table's layer leaves unset, and the number of
+    shards a table's row budget is split over."""
+
+    defaults: EmbeddingLifecycle = EmbeddingLifecycle()
+    num_ps: int = 1
+
+    @property
+    def max_rows_per_shard(self):
+        return self.defaults.ps_max_rows_per_shard
+
+    def of_table(self, table):
+        """The `Lifecycle` of the `TableConfig` `table` on this shard.
+
+        Raises:
+            ValueError: the table's own settings break a rule of `Lifecycle`.
+        """
+        d = self.defaults
+        if table.admit_after is None and table.admit_probability is None:
+            admit_after, probability = d.embedding_admit_after, d.embedding_admit_probability
+        else:  # the layer's admission replaces the job's whole
+            admit_after = table.admit_after or 0
+            probability = 1.0 if table.admit_probability is None else table.admit_probability
+        max_rows = d.embedding_max_rows if table.max_rows is None else table.max_rows
+        if max_rows < 0:
+            raise ValueError(f"max_rows must be a non-negative integer. Received: {max_rows}")
+        return Lifecycle(
+            admit_after=admit_after, admit_probability=probability,
+            idle_steps=d.embedding_idle_steps if table.idle_steps is None else table.idle_steps,
+            max_rows=-(-max_rows // self.num_ps),  # this shard's share, rounded up
+        )
+
+
+def evict_over_budget(tables, max_rows):
+    """Evicts the least recently used rows of any of `tables` (`EmbeddingTable`s) until
+    they hold at most `max_rows` rows together. Returns how many went."""
+    held = sum(t.num_rows for t in tables)
+    if not max_rows or held <= max_rows:
+        return 0
+    extra = held - max(max_rows - max_rows // EVICTION_BATCH, 0)
+    touched = [t.touched() for t in tables]
+    every = np.concatenate(touched)
+    cutoff = np.partition(every, extra - 1)[extra - 1]  # the newest step that goes
+    quota = extra - int(np.count_nonzero(every < cutoff))  # rows used at `cutoff` that go
+    gone = 0
+    for table, steps in zip(tables, touched):
+        older = int(np.count_nonzero(steps < cutoff))
+        at_cutoff = min(int(np.count_nonzero(steps == cutoff)), quota)
+        quota -= at_cutoff
+        if older + at_cutoff:
+            gone += len(table.evict(max_rows=table.num_rows - older - at_cutoff))
+    return gone
+
+
+class Recency:
+    """Per row slot, the update step its row was last used at, in 4 bytes: steps are kept
+    relative to a base that moves up as the shard's step grows, so a table may live for
+    any number of steps (rows not used for 2^30 steps then read as used at the base)."""
+
+    _MOST = 1 << 31  # the largest step above the base a slot holds
+
+    def __init__(self, steps=None, step=0):
+        """`steps`: each slot's step (absolute), or None for none; `step`: the latest."""
+        steps = np.zeros(0, dtype=np.int64) if steps is None else np.asarray(steps, np.int64)
+        self.base = max(int(steps.min()) if len(steps) else step, step - self._MOST, 0)
+        self.steps = (np.maximum(steps - self.base, 0)).astype(np.uint32)
+
+    def mark(self, slots, step):
+        """Records that the rows of `slots` were used at `step`."""
+        if step - self.base > self._MOST:
+            shift = step - self.base - self._MOST // 2
+            self.steps = (np.maximum(self.steps.astype(np.int64), shift) - shift).astype(
+                np.uint32)
+            self.base += shift
+        self.steps[slots] = step - self.base
+
+    def of(self, slots):
+        """The step each of `slots` was last used at (int64)."""
+        return self.steps[slots].astype(np.int64) + self.base
+
+    def ages(self, slots, step):
+        """How many steps before `step` each of `slots` was last used (uint32; `step` is at
+        least every step marked)."""
+        return np.uint32(step - self.base) - self.steps[slots]
