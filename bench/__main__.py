@@ -19,7 +19,9 @@ Suites (see each module's docstring, and bench/README.md for the latest figures)
 - security (not in all): the same dense and sparse jobs with `--tls auto` and without
   (`bench/security.py`);
 - engines (not in all): start-up and replacing a lost worker, local processes against the
-  Kubernetes engine on the tests' fake cluster (`bench/engines.py`).
+  Kubernetes engine on the tests' fake cluster (`bench/engines.py`);
+- lifecycle (not in all): a table under a row budget fed a stream of 20M new ids: memory
+  and row throughput against the same table without a budget (`bench/lifecycle.py`).
 
 Each part of micro also runs alone: codec, embedding_table, embedding_rows, and transfer
 (every codec and transfer dtype, in ms and bytes on the wire, beside raw gRPC).
@@ -31,8 +33,8 @@ import tempfile
 import time
 
 from bench import (
-    codec, dense, deepfm, embedding_rows, embedding_table, engines, recovery, scaling,
-    security, transfer,
+    codec, dense, deepfm, embedding_rows, embedding_table, engines, lifecycle, recovery,
+    scaling, security, transfer,
 )
 from bench.common import attempt, emit, run_lines
 
@@ -61,6 +63,7 @@ PARTS = {
     "census": lambda quick, work_dir: deepfm.census(),
     "security": security.run,
     "engines": lambda quick, work_dir: engines.run(quick),
+    "lifecycle": lifecycle.run,
     "codec": codec.run,
     "embedding_table": embedding_table.run,
     "embedding_rows": embedding_rows.run,

@@ -1,0 +1,145 @@
+"""A table under a row budget fed a stream of new ids: memory and row throughput.
+
+`python -m bench lifecycle [--quick]` (not in `all`) prints one JSON line per result. Two PS
+processes on 127.0.0.1 (`python -m bench.embedding_rows serve`: a real shard, no master),
+each with one table of dim 16 and Adam:
+
+- the budgeted PS's table has `max_rows` = 1M. It receives a stream of steps, each one
+  pull and one push of 16,384 distinct ids, as a worker's step sends them: half drawn from
+  a Zipf(1.2) head of 100k ids (the same hot ids all run long), half new ids never seen
+  before (a new tail every step), until 20M distinct ids (`--quick`: 5M) were sent.
+  `lifecycle/memory` is its resident memory after 2M, 10M and 20M ids, beside the first
+  (`lifecycle/memory_flat`: the largest over the smallest of them, the target below 1.10);
+  `lifecycle/bytes_per_row` is its resident memory's growth per row from its first step to
+  15/16 of the budget (before any eviction), less the raw bytes of a row and its slots
+  (`config.raw_bytes`): what a row costs beyond its data.
+- the same PS without a budget receives the same steps until it holds 1M rows: the peer of
+  `lifecycle/pull` and `lifecycle/push`, rows per second of the budgeted PS over its steps
+  after 2M ids (when it evicts as fast as new ids come), against the unbudgeted one's over
+  its 50 steps after it reached 1M rows (to about 1.4M), medians of the calls' rates.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from bench.common import ChildServer, emit
+from bench.embedding_rows import ADAM, DIM, TABLE, Pusher
+
+BUDGET = 1_000_000
+STEP_IDS = 16_384
+HEAD = 100_000
+CHECKPOINTS = (2_000_000, 10_000_000, 20_000_000)
+FULL = BUDGET * 15 // 16  # rows held before the first eviction (the stream's head aside)
+PEER_STEPS = 50  # the unbudgeted PS grows from 1M rows to about 1.4M over them
+
+
+class Stream:
+    """Steps of ids: half a Zipf draw from a fixed head, half ids never sent before."""
+
+    def __init__(self, seed=0):
+        self._rng = np.random.default_rng(seed)
+        self._head = self._rng.integers(1, 2**62, HEAD, dtype=np.int64)
+        self._next_new = -1  # new ids count down from -1: never in the head
+        self.distinct = 0
+
+    def step(self):
+        ranks = np.minimum(self._rng.zipf(1.2, STEP_IDS // 2), HEAD) - 1
+        hot = np.unique(self._head[ranks])
+        new = np.arange(self._next_new, self._next_new - (STEP_IDS - len(hot)), -1)
+        self._next_new -= len(new)
+        self.distinct += len(new)
+        return np.concatenate([hot, new])
+
+
+def _timed(call):
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def _run_steps(client, pusher, stream, grads, until, timings=None):
+    """Steps until `until()` is true; appends (pull s, push s, ids) to `timings`."""
+    while not until():
+        ids = stream.step()
+        pull = _timed(lambda: client.pull_embeddings({TABLE: ids}))
+        push = _timed(lambda: pusher.push(ids, grads[:len(ids)]))
+        if timings is not None:
+            timings.append((pull, push, len(ids)))
+
+
+def _rates(timings):
+    pulls = np.array([n / p for p, _, n in timings])
+    pushes = np.array([n / q for _, q, n in timings])
+    return float(np.median(pulls)), float(np.median(pushes))
+
+
+def _start(ps, max_rows):
+    from elastic_keras.common.ps_client import PSClient
+    from elastic_keras.proto import pserver_pb2
+
+    client = PSClient([ps.address], deadline_s=600)
+    spec = pserver_pb2.EmbeddingTableSpec(name=TABLE, dim=DIM, dtype="float32",
+                                          initializer="uniform")
+    if max_rows:
+        spec.max_rows = max_rows
+    client.init_model({"bias": np.zeros(1, np.float32)}, json.dumps(ADAM), [spec])
+    return client
+
+
+def run(quick, work_dir=None):
+    """Prints every result of this suite; `work_dir` is unused."""
+    marks = CHECKPOINTS[:1] + (5_000_000,) if quick else CHECKPOINTS
+    grads = np.random.default_rng(1).normal(size=(STEP_IDS, DIM)).astype(np.float32) * 1e-3
+    config = {"dim": DIM, "optimizer": "adam", "budget_rows": BUDGET, "step_ids": STEP_IDS,
+              "ps": 1, "transport": "grpc 127.0.0.1"}
+    with ChildServer("bench.embedding_rows") as ps:
+        client = _start(ps, BUDGET)
+        try:
+            stream, pusher = Stream(), Pusher(client)
+            _run_steps(client, pusher, stream, grads, lambda: stream.distinct >= STEP_IDS)
+            start_mb = ps.resident_mb()  # one step in: the first pull and push are done
+            _run_steps(client, pusher, stream, grads, lambda: stream.distinct >= FULL)
+            raw = DIM * 4 * 3
+            emit("lifecycle/bytes_per_row", {**config, "raw_bytes": raw, "rows": FULL},
+                 (ps.resident_mb() - start_mb) * 2**20 / (FULL - STEP_IDS) - raw,
+                 "B beyond raw", ps.peak_rss_mb())
+            memory, budgeted = [], []
+            for mark in marks:
+                _run_steps(client, pusher, stream, grads, lambda: stream.distinct >= mark,
+                           budgeted if mark > marks[0] else None)
+                memory.append(ps.resident_mb())
+                emit("lifecycle/memory", {**config, "distinct_ids": stream.distinct},
+                     memory[-1], "MB", ps.peak_rss_mb())
+            emit("lifecycle/memory_flat", {**config, "marks": list(marks),
+                                           "start_mb": round(start_mb, 1)},
+                 max(memory) / min(memory), "x", ps.peak_rss_mb())
+        finally:
+            client.close()
+    with ChildServer("bench.embedding_rows") as ps:
+        client = _start(ps, 0)
+        try:
+            stream, pusher, unbudgeted = Stream(), Pusher(client), []
+            _run_steps(client, pusher, stream, grads, lambda: stream.distinct >= BUDGET)
+            _run_steps(client, pusher, stream, grads,
+                       lambda: len(unbudgeted) >= PEER_STEPS, unbudgeted)
+        finally:
+            client.close()
+    (pull, push), (peer_pull, peer_push) = _rates(budgeted), _rates(unbudgeted)
+    emit("lifecycle/pull", {**config, "steps": len(budgeted), "peer_steps": len(unbudgeted)},
+         pull, "rows/s", None, peer="no_budget_at_1M_rows", peer_value=peer_pull)
+    emit("lifecycle/push", {**config, "steps": len(budgeted), "peer_steps": len(unbudgeted)},
+         push, "rows/s", None, peer="no_budget_at_1M_rows", peer_value=peer_push)
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m bench.lifecycle", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="5M distinct ids, not 20M")
+    run(parser.parse_args().quick)
+
+
+if __name__ == "__main__":
+    main()
