@@ -36,11 +36,11 @@ import numpy as np
 from elastic_keras.common.embedding_init import check_initializer, initial_rows
 from elastic_keras.common.errors import DataError, PayloadError
 from elastic_keras.ps.id_map import IdMap
+from elastic_keras.ps.row_arrays import (
+    advise_huge_pages, as_slice, copy_grown, distinct, release_free_memory, scatter, sum_repeated,
+)
 from elastic_keras.ps.table_lifecycle import (
     EVICTION_BATCH, Admission, Lifecycle, Recency, TableCounters,
-)
-from elastic_keras.ps.row_arrays import (
-    advise_huge_pages, as_slice, copy_grown, distinct, scatter, sum_repeated,
 )
 
 GROWTH = 1.25
@@ -48,8 +48,8 @@ _MIN_CAPACITY = 1024
 
 
 class TableState(typing.NamedTuple):
-    """A table's content as plain arrays: `ids[i]`'s row is `values[i]`, its slots
-    `slots[n][i]`, and the update step it was last used at `touched[i]` (None: unknown)."""
+    """A table as plain arrays: `ids[i]`'s row `values[i]`, slots `slots[n][i]`, last used
+    at the update step `touched[i]` (None: unknown)."""
 
     ids: np.ndarray
     values: np.ndarray
@@ -259,7 +259,7 @@ class EmbeddingTable:
         return ids[drop]
 
     def touched(self):
-        """The update step each row was last used at in training, in no particular order."""
+        """Each row's last step used in training, in no particular order."""
         return self._recency.of(self._ids.entries()[1])
 
     def remove(self, ids):
@@ -387,6 +387,7 @@ class EmbeddingTable:
                 _grow(holder, key, shape[:holder[key].ndim])
         for array in (self._values, *self._slots.values()):
             advise_huge_pages(array)
+        release_free_memory()  # what the arrays' copies left behind
 
 
 def _grow(holder, key, shape):

@@ -1,8 +1,9 @@
 """Row arrays of an embedding table: growing them, writing rows in place, merging ids.
 
 The helpers `EmbeddingTable` uses on its `[capacity, dim]` arrays: huge-page advice for
-large arrays, copying into a larger array where one cannot grow in place, whole-row scatter,
-and the distinct ids of a batch with their gradients summed.
+large arrays, copying into a larger array where one cannot grow in place, handing freed
+memory back to the system, whole-row scatter, and the distinct ids of a batch with their
+gradients summed.
 """
 
 import ctypes
@@ -23,11 +24,20 @@ def advise_huge_pages(array):
     _LIBC.madvise(start, array.ctypes.data + array.nbytes - start, _MADV_HUGEPAGE)
 
 
+def release_free_memory():
+    """Hands the memory the allocator holds free back to the system (glibc's
+    `malloc_trim`): arrays a table outgrew or rebuilt leave free heap behind, which would
+    otherwise stay in the process's resident memory (about 30 MB at a million rows)."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 if sys.platform.startswith("linux"):
     _LIBC = ctypes.CDLL(None)
     _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
 else:
-    _LIBC = None
+    _LIBC = _TRIM = None
 
 
 def copy_grown(array, shape):
