@@ -156,6 +156,7 @@ def _write(snapshot, stream, ps_id, num_ps):
         "applied_pushes": {str(w): n for w, n in snapshot.applied_pushes.items()},
         "table_steps": snapshot.table_steps,
         "table_counters": snapshot.table_counters,
+        "table_sketches": {name: add(counts) for name, counts in snapshot.table_sketches.items()},
         "variable_options": [dataclasses.asdict(o) for o in snapshot.variable_options.values()],
         "dense": {name: add(value) for name, value in snapshot.dense.items()},
         "optimizer_slots": {name: {slot: add(value) for slot, value in slots.items()}
@@ -251,6 +252,7 @@ def _parse(archive, file):
         applied_pushes={int(w): int(n) for w, n in meta.get("applied_pushes", {}).items()},
         table_steps=meta.get("table_steps"),
         table_counters=meta.get("table_counters", {}),
+        table_sketches={name: get(key) for name, key in meta.get("table_sketches", {}).items()},
     )
     return snapshot, meta
 
@@ -269,6 +271,7 @@ class _Merge:
         self._pushes = {}
         self._options = {}
         self._counters = {}
+        self._sketches = {}
 
     def add(self, snapshot, file, old_id):
         """Keeps the parts of `snapshot` (read from `file`, written by shard `old_id`) that
@@ -322,6 +325,13 @@ class _Merge:
                 total = self._counters.setdefault(name, dict.fromkeys(counts, 0))
                 for key, value in counts.items():
                     total[key] = total.get(key, 0) + value
+        # Sightings of every old shard's ids, added (saturating): more than each id's own,
+        # as a count-min sketch's counts may be; sketches of another width are left out.
+        for name, counts in snapshot.table_sketches.items():
+            held = self._sketches.setdefault(name, np.zeros_like(counts))
+            if held.shape == counts.shape:
+                self._sketches[name] = np.minimum(held.astype(np.int64) + counts,
+                                                  255).astype(counts.dtype)
 
     def result(self):
         first = self._first
@@ -339,6 +349,7 @@ class _Merge:
             applied_pushes=self._pushes,
             table_steps=self._steps,
             table_counters=self._counters,
+            table_sketches=self._sketches,
         )
 
 

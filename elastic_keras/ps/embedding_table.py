@@ -108,7 +108,7 @@ class EmbeddingTable:
         self._step = 0  # the latest update step applied
         self._recency = Recency()  # per slot: the step its row was last used at
         self.lifecycle = lifecycle
-        self._admission = Admission.of(lifecycle, seed=name)
+        self.admission = Admission.of(lifecycle, seed=name)  # None: every id admitted
         self.counters = TableCounters()
 
     @property
@@ -126,7 +126,7 @@ class EmbeddingTable:
         """Bytes held: rows, slots, recency, the id map and the admission counters
         (allocated capacity, not only used rows)."""
         arrays = self._values.nbytes + sum(a.nbytes for a in self._slots.values())
-        sketch = self._admission.nbytes if self._admission is not None else 0
+        sketch = self.admission.nbytes if self.admission is not None else 0
         return arrays + self._recency.steps.nbytes + self._ids.nbytes + sketch
 
     def rows(self, ids, training=True):
@@ -149,7 +149,7 @@ class EmbeddingTable:
         out = np.zeros((len(flat), self.dim), dtype=self.dtype)
         present = np.flatnonzero(~absent)
         out[present] = np.take(self._values, slots[present], axis=0)
-        if self._admission is None:
+        if self.admission is None:
             out[absent] = initial_rows(self.name, flat[absent], self.dim, self.initializer,
                                        self.input_dim, self.dtype)
         return out.reshape(*ids.shape, self.dim)
@@ -198,7 +198,7 @@ class EmbeddingTable:
         if not len(ids):
             return
         ids, grads = sum_repeated(ids, grads.astype(self.dtype, copy=False))
-        if self._admission is None:
+        if self.admission is None:
             slots = self._slots_of(ids)
         else:  # rows are created by lookups only: an id not admitted has no row to update
             slots = self._ids.lookup(ids)
@@ -341,8 +341,8 @@ class EmbeddingTable:
         if not absent.any():
             return slots
         new_ids, positions = distinct(ids[absent])
-        admitted = (np.ones(len(new_ids), dtype=bool) if self._admission is None
-                    else self._admission.admit(new_ids))
+        admitted = (np.ones(len(new_ids), dtype=bool) if self.admission is None
+                    else self.admission.admit(new_ids))
         self.counters.not_admitted_lookups += int(np.count_nonzero(~admitted[positions]))
         new_ids = new_ids[admitted]
         self._make_room(len(new_ids), keep=slots[~absent])

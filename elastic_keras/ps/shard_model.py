@@ -189,6 +189,9 @@ def restore_model(snapshot, lifecycle=ShardLifecycle()):
         for name, counts in snapshot.table_counters.items():
             if name in model.tables:
                 model.tables[name].counters = TableCounters(**counts)
+        for name, sketch in snapshot.table_sketches.items():  # another budget: counted anew
+            if name in model.tables and model.tables[name].admission is not None:
+                model.tables[name].admission.restore(sketch)
     except (PayloadError, DataError, ValueError) as exc:
         raise CheckpointError(f"The snapshot at version {snapshot.version} cannot be "
                               f"restored: {exc}") from exc
@@ -219,6 +222,8 @@ def take_snapshot(model, version, applied_sequences, applied_pushes, table_steps
         applied_pushes=dict(applied_pushes),
         table_steps=table_steps,
         table_counters={name: t.counters.as_dict() for name, t in model.tables.items()},
+        table_sketches={name: sketch for name, t in model.tables.items()
+                        if t.admission and (sketch := t.admission.state()) is not None},
     )
 
 

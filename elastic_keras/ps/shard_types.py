@@ -124,6 +124,8 @@ class Snapshot:
             written before versions could jump on a relaunch).
         table_counters: `{table name: TableCounters fields}`: what admission and eviction
             did (files written before tables had lifecycles have none).
+        table_sketches: `{table name: its admission's sighting counts}` (tables that count
+            sightings only).
     """
 
     version: int
@@ -139,4 +141,5 @@ class Snapshot:
     applied_pushes: dict = dataclasses.field(default_factory=dict)
     table_steps: int = None
     table_counters: dict = dataclasses.field(default_factory=dict)
+    table_sketches: dict = dataclasses.field(default_factory=dict)
 

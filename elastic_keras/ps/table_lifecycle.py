@@ -109,7 +109,8 @@ class TableCounters:
 
 
 class Admission:
-    """Decides which ids without a row get one; see the module docstring."""
+    """Decides which ids without a row get one (`admit`); see the module docstring. Its
+    `state()` (sighting counts, or None) goes into checkpoints and comes back by `restore`."""
 
     @staticmethod
     def of(lifecycle, seed):
@@ -129,6 +130,18 @@ class _Counted(Admission):
     def nbytes(self):
         return self.counter.nbytes
 
+    def state(self):
+        """The sighting counts, for checkpoints."""
+        return self.counter.counts.copy()
+
+    def restore(self, counts):
+        """Takes counts of a `state()` of the same shape (of a shard with the same budget);
+        others are ignored (counting starts over). Returns whether it took them."""
+        if np.shape(counts) != self.counter.counts.shape:
+            return False
+        self.counter.counts[...] = counts
+        return True
+
     def admit(self, ids):
         """Counts one sighting of each of the distinct `ids`; True where an id is admitted."""
         admitted = self.counter.add(ids) >= self.threshold
@@ -138,6 +151,12 @@ class _Counted(Admission):
 
 class _Drawn(Admission):
     nbytes = 0
+
+    def state(self):
+        return None
+
+    def restore(self, counts):
+        return False
 
     def __init__(self, probability, seed):
         self.probability = probability
@@ -160,7 +179,7 @@ class SightingCounter:
     def __init__(self, expected, seed):
         width = 1 << max(16, min(int(max(expected, 1) * 2 - 1).bit_length(), 22))
         self.width = min(width, _SKETCH_MAX_WIDTH)
-        self._counts = np.zeros((_SKETCH_DEPTH, self.width), dtype=np.uint8)
+        self.counts = np.zeros((_SKETCH_DEPTH, self.width), dtype=np.uint8)
         base = _seed_of(seed)
         self._salts = mix64(np.array([(base + i) % (1 << 64) for i in range(_SKETCH_DEPTH)],
                                      dtype=np.uint64))
@@ -170,12 +189,12 @@ class SightingCounter:
         """Adds one sighting of each distinct id; returns each id's count after it."""
         columns = self._columns(ids)
         rows = np.arange(_SKETCH_DEPTH)[:, None]
-        counts = self._counts[rows, columns]
+        counts = self.counts[rows, columns]
         counts = np.minimum(counts.astype(np.int64) + 1, _COUNTER_MAX)
-        self._counts[rows, columns] = counts  # distinct ids: a shared counter counts once
+        self.counts[rows, columns] = counts  # distinct ids: a shared counter counts once
         self._since_halving += len(ids)
         if self._since_halving >= self.width * 8:
-            self._counts >>= 1
+            self.counts >>= 1
             self._since_halving = 0
         return counts.min(axis=0)
 
@@ -185,12 +204,12 @@ class SightingCounter:
             return
         columns = self._columns(ids)
         rows = np.arange(_SKETCH_DEPTH)[:, None]
-        counts = self._counts[rows, columns].astype(np.int64)
-        self._counts[rows, columns] = np.maximum(counts - amount, 0)
+        counts = self.counts[rows, columns].astype(np.int64)
+        self.counts[rows, columns] = np.maximum(counts - amount, 0)
 
     @property
     def nbytes(self):
-        return self._counts.nbytes
+        return self.counts.nbytes
 
     def _columns(self, ids):
         hashed = mix64(np.asarray(ids, dtype=np.int64).view(np.uint64)[None, :]

@@ -243,6 +243,8 @@ def save(path, shards):
 
 def test_a_checkpoint_keeps_rows_recency_and_counts(tmp_path):
     params = trained_shard(EmbeddingLifecycle(embedding_admit_after=2))
+    once = ids(10**12)
+    params.pull_embeddings([("emb", once)])  # its first sighting, counted in the checkpoint
     save(tmp_path, [params])
     restored = Parameters(lifecycle=ShardLifecycle(EmbeddingLifecycle(embedding_admit_after=2)))
     restored.restore(load_shards(str(tmp_path), 0, 1))
@@ -252,7 +254,11 @@ def test_a_checkpoint_keeps_rows_recency_and_counts(tmp_path):
                                       getattr(original.table_states["emb"], name))
     assert back.table_counters == original.table_counters
     assert back.table_counters["emb"]["admitted"] > 0
-    # Restored, it evicts what the original evicts.
+    np.testing.assert_array_equal(back.table_sketches["emb"], original.table_sketches["emb"])
+    # Restored, it admits and evicts what the original does: the id seen once before the
+    # checkpoint gets its row at its next sighting.
+    for shard in (params, restored):
+        assert shard.pull_embeddings([("emb", once)])[0]["emb"].any()
     a = params._model.tables["emb"].evict(max_rows=10)
     b = restored._model.tables["emb"].evict(max_rows=10)
     assert sorted(a.tolist()) == sorted(b.tolist())
