@@ -9,7 +9,7 @@ where the layer sets it, and from these flags where it does not:
   then it reads zeros and its gradients are dropped (counted). 0 or 1: at first sight.
 - `--embedding-admit-probability p`: or each such lookup gives it a row with probability p.
 - `--embedding-idle-steps T`: rows not used in training for T model versions of their shard
-  are evicted. 0: never.
+  are evicted. 0: never. `--embedding-idle-seconds S`: or for S seconds.
 - `--embedding-max-rows R`: each table holds at most R rows over all shards (R / num-ps per
   shard); a full table evicts its least recently used rows first. 0: no bound.
 - `--ps-max-rows-per-shard R`: a shard holds at most R rows over all its tables; past it,
@@ -25,6 +25,7 @@ Example:
 """
 
 import dataclasses
+import math
 
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, check_fields, flag
@@ -35,7 +36,7 @@ MAX_ADMIT_AFTER = 255  # sightings are counted in 8-bit counters
 @dataclasses.dataclass(frozen=True)
 class EmbeddingLifecycle:
     """`--embedding-admit-after`, `--embedding-admit-probability`, `--embedding-idle-steps`,
-    `--embedding-max-rows` and `--ps-max-rows-per-shard`.
+    `--embedding-idle-seconds`, `--embedding-max-rows` and `--ps-max-rows-per-shard`.
 
     Raises:
         ConfigError: a value outside its rule, naming its flag and the value.
@@ -56,6 +57,11 @@ class EmbeddingLifecycle:
         help="Tables without their own idle_steps: rows not used in training for this many "
         "model versions of their shard are evicted. 0: never.",
     )
+    embedding_idle_seconds: float = flag(
+        0.0, bound=NON_NEGATIVE,
+        help="Tables without their own idle_seconds: rows not used in training for this many "
+        "seconds are evicted (checked every sixteenth of it). 0: never.",
+    )
     embedding_max_rows: int = flag(
         0, bound=NON_NEGATIVE,
         help="Tables without their own max_rows: the most rows a table holds over all "
@@ -70,6 +76,9 @@ class EmbeddingLifecycle:
     def __post_init__(self):
         check_fields(self)
         p = self.embedding_admit_probability
+        if not math.isfinite(self.embedding_idle_seconds):
+            raise ConfigError(f"--embedding-idle-seconds must be a finite number of seconds. "
+                              f"Received: {self.embedding_idle_seconds!r}")
         if not 0.0 < p <= 1.0:
             raise ConfigError(f"--embedding-admit-probability must lie in (0, 1]. Received: {p!r}")
         if self.embedding_admit_after > MAX_ADMIT_AFTER:

@@ -72,6 +72,7 @@ class Embedding(keras.layers.Layer):
             Setting either admission argument replaces the job's admission for this table.
         idle_steps: rows not used in training for this many model versions of their
             parameter server are evicted (0: never). None: `--embedding-idle-steps`.
+        idle_seconds: or for this many seconds (0: never). None: `--embedding-idle-seconds`.
         max_rows: the most rows the table holds over all parameter servers; a full table
             evicts its least recently used rows (0: no bound). None: `--embedding-max-rows`.
             An evicted id that returns goes through admission again.
@@ -101,6 +102,7 @@ class Embedding(keras.layers.Layer):
         admit_probability=None,
         idle_steps=None,
         max_rows=None,
+        idle_seconds=None,
         **kwargs,
     ):
         _check_positive_int("output_dim", output_dim)
@@ -114,7 +116,8 @@ class Embedding(keras.layers.Layer):
             raise ValueError(
                 f"`table` must be None or a non-empty string. Received: table={table!r}"
             )
-        self.lifecycle = _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows)
+        self.lifecycle = _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows,
+                                          idle_seconds)
         super().__init__(**kwargs)
         self.output_dim = output_dim
         self.input_dim = input_dim
@@ -317,8 +320,13 @@ def _check_positive_int(name, value):
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
-def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows):
+def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows, idle_seconds):
     """The lifecycle arguments as a dict, each checked (None: the job's flag)."""
+    if idle_seconds is not None and (
+            isinstance(idle_seconds, bool) or not isinstance(idle_seconds, (int, float))
+            or not 0.0 <= idle_seconds < float("inf")):
+        raise ValueError("`idle_seconds` must be None or a finite number of seconds, 0 or "
+                         f"more. Received: idle_seconds={idle_seconds!r}")
     given = {"admit_after": admit_after, "idle_steps": idle_steps, "max_rows": max_rows}
     for name, value in given.items():
         if value is not None and (not isinstance(value, (int, np.integer))
@@ -337,4 +345,5 @@ def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows):
                          "(admit_probability), not both. Received: admit_after="
                          f"{admit_after}, admit_probability={admit_probability}")
     return {**{k: None if v is None else int(v) for k, v in given.items()},
-            "admit_probability": None if admit_probability is None else float(admit_probability)}
+            "admit_probability": None if admit_probability is None else float(admit_probability),
+            "idle_seconds": None if idle_seconds is None else float(idle_seconds)}

@@ -50,8 +50,9 @@ class TableSpec:
         initializer_config: `keras.initializers.serialize` of the rows' initializer.
         dtype: the rows' dtype, e.g. "float32".
         layers: the layers that look rows up in this table, in model order.
-        lifecycle: `{"admit_after", "admit_probability", "idle_steps", "max_rows"}` as the
-            layers set them (None: the job's flags; plain Embeddings set none).
+        lifecycle: `{"admit_after", "admit_probability", "idle_steps", "max_rows",
+            "idle_seconds"}` as the layers set them (None: the job's flags; plain Embeddings
+            set none).
         replaced_variables: the rewired plain Embeddings' `embeddings` variables: not dense
             parameters any more; the worker must leave them out of dense pull and push.
     """

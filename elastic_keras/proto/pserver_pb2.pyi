@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EmbeddingTableSpec(_message.Message):
-    __slots__ = ("name", "dim", "input_dim", "initializer", "dtype", "admit_after", "admit_probability", "idle_steps", "max_rows")
+    __slots__ = ("name", "dim", "input_dim", "initializer", "dtype", "admit_after", "admit_probability", "idle_steps", "max_rows", "idle_seconds")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INPUT_DIM_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class EmbeddingTableSpec(_message.Message):
     ADMIT_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     IDLE_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     input_dim: int
@@ -28,7 +29,8 @@ class EmbeddingTableSpec(_message.Message):
     admit_probability: float
     idle_steps: int
     max_rows: int
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., input_dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., idle_steps: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
+    idle_seconds: float
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., input_dim: _Optional[int] = ..., initializer: _Optional[str] = ..., dtype: _Optional[str] = ..., admit_after: _Optional[int] = ..., admit_probability: _Optional[float] = ..., idle_steps: _Optional[int] = ..., max_rows: _Optional[int] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
 
 class VariableOptions(_message.Message):
     __slots__ = ("name", "trainable", "constraint", "exclude_from_weight_decay")

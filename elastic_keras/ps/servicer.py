@@ -118,7 +118,8 @@ def _table_config(spec):
         spec.name, spec.dim, spec.input_dim, spec.initializer or "uniform",
         spec.dtype or "float32",
         *(getattr(spec, f) if spec.HasField(f) else None
-          for f in ("admit_after", "admit_probability", "idle_steps", "max_rows")),
+          for f in ("admit_after", "admit_probability", "idle_steps", "max_rows",
+                    "idle_seconds")),
     )
 
 

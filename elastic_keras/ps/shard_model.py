@@ -33,7 +33,9 @@ from elastic_keras.ps.embedding_table import EmbeddingTable, TableState
 from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config
 from elastic_keras.ps.shard_types import Snapshot
 from elastic_keras.ps.sparse_optimizers import from_keras_config as sparse_optimizer_from_config
-from elastic_keras.ps.table_lifecycle import ShardLifecycle, TableCounters, evict_over_budget
+from elastic_keras.ps.table_lifecycle import (
+    IdleClock, ShardLifecycle, TableCounters, evict_over_budget,
+)
 from elastic_keras.ps.updates import (
     VariableSpec, check_initial_values, check_table_rows, prepare_update,
 )
@@ -52,6 +54,7 @@ class ShardModel:
         optimizer_config: the shard's optimizer config (`optimizer_contract.shard_config`).
         table_configs: the `TableConfig`s the tables were built from.
         variable_options: `{name: VariableOptions}` of the dense variables.
+        idle_clocks: `{table name: IdleClock}` of the tables with `idle_seconds`.
     """
 
     variables: dict
@@ -62,6 +65,7 @@ class ShardModel:
     optimizer_config: str
     table_configs: tuple
     variable_options: dict
+    idle_clocks: dict = dataclasses.field(default_factory=dict)
 
     def table(self, name, what):
         """The `EmbeddingTable` called `name`, for the request `what`.
@@ -123,12 +127,17 @@ class ShardModel:
 
     def keep_in_bounds(self, step, max_rows_per_shard=0):
         """After the update `step` (None: not after an update): evicts idle rows (each table
-        every eighth of its `idle_steps`, so a row goes between T and 9T/8 idle steps), then
-        rows over the shard's budget of `max_rows_per_shard` over all tables (0: none).
-        Returns how many rows went."""
-        gone = sum(len(t.evict(idle_steps=t.lifecycle.idle_steps)) for t in self.tables.values()
-                   if step is not None and t.lifecycle.idle_steps
-                   and step % max(1, t.lifecycle.idle_steps // 8) == 0)
+        every eighth of its `idle_steps`, so a row goes between T and 9T/8 idle steps; every
+        sixteenth of its `idle_seconds`, by its `IdleClock`), then rows over the shard's
+        budget of `max_rows_per_shard` over all tables (0: none). Returns how many went."""
+        gone = 0
+        for name, table in self.tables.items() if step is not None else ():
+            idle, clock = table.lifecycle.idle_steps, self.idle_clocks.get(name)
+            if idle and step % max(1, idle // 8) == 0:
+                gone += len(table.evict(idle_steps=idle))
+            if clock is not None and clock.tick(step):
+                steps = clock.idle_steps(step)
+                gone += len(table.evict(idle_steps=steps)) if steps is not None else 0
         return gone + evict_over_budget(list(self.tables.values()), max_rows_per_shard)
 
     def apply(self, gradients, rows, deltas, step, lr_scale=1.0):
@@ -264,6 +273,8 @@ def _new_model(values, optimizer_config, tables, options, lifecycle=ShardLifecyc
         optimizer_config=optimizer_config,
         table_configs=tuple(tables),
         variable_options=options,
+        idle_clocks={t.name: IdleClock(seconds) for t in tables
+                     if (seconds := lifecycle.of_table(t).idle_seconds)},
     )
 
 
@@ -289,7 +300,8 @@ def with_options(model, options):
                            f"variables' options: {exc}") from exc
     return dataclasses.replace(rebuilt, tables=model.tables,
                                sparse_optimizer=model.sparse_optimizer,
-                               table_configs=model.table_configs)
+                               table_configs=model.table_configs,
+                               idle_clocks=model.idle_clocks)
 
 
 def _constraint(options):

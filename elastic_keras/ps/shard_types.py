@@ -91,6 +91,7 @@ class TableConfig:
     admit_probability: float = None
     idle_steps: int = None
     max_rows: int = None
+    idle_seconds: float = None
 
 
 @dataclasses.dataclass(frozen=True)

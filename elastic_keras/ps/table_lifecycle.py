@@ -12,7 +12,8 @@ A `Lifecycle` is a table's policy on one shard:
   that returns must be seen N times again; counters halve every `width * 8` sightings, so
   ids seen long ago fade.
 - **Eviction.** With `idle_steps=T`, rows not looked up or updated in training for T update
-  steps of the shard are removed; with `max_rows=R`, a table about to hold more than R rows
+  steps of the shard are removed (with `idle_seconds=S`, for S seconds: an `IdleClock` tells
+  which update step was S seconds ago); with `max_rows=R`, a table about to hold more than R rows
   first removes the least recently used ones, an eighth of R at a time (so the cost of
   choosing them is spread over many new ids). Rows go with their optimizer slots.
 
@@ -28,8 +29,10 @@ Example:
     [True]
 """
 
+import collections
 import dataclasses
 import hashlib
+import time
 
 import numpy as np
 
@@ -51,18 +54,24 @@ class Lifecycle:
         admit_probability: chance that a sighting of an id without a row gives it one.
         idle_steps: rows unused for more update steps than this are evicted; 0: never.
         max_rows: rows the table may hold on the shard; 0: no bound.
+        idle_seconds: rows unused for this long are evicted; 0: never.
     """
 
     admit_after: int = 0
     admit_probability: float = 1.0
     idle_steps: int = 0
     max_rows: int = 0
+    idle_seconds: float = 0.0
 
     def __post_init__(self):
         for name in ("admit_after", "idle_steps", "max_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer. Received: {value!r}")
+        seconds = self.idle_seconds
+        if isinstance(seconds, bool) or not 0.0 <= float(seconds) < float("inf"):
+            raise ValueError(f"idle_seconds must be a finite number of seconds, 0 or more. "
+                             f"Received: {seconds!r}")
         p = self.admit_probability
         if isinstance(p, bool) or not 0.0 < float(p) <= 1.0:
             raise ValueError(f"admit_probability must lie in (0, 1]. Received: {p!r}")
@@ -89,6 +98,8 @@ class Lifecycle:
             parts.append(f"rows with probability {self.admit_probability:g}")
         if self.idle_steps:
             parts.append(f"evicted after {self.idle_steps} idle steps")
+        if self.idle_seconds:
+            parts.append(f"evicted after {self.idle_seconds:g} idle seconds")
         if self.max_rows:
             parts.append(f"at most {self.max_rows} rows on this shard")
         return ", ".join(parts) or "every id kept"
@@ -253,6 +264,8 @@ class ShardLifecycle:
             admit_after=admit_after, admit_probability=probability,
             idle_steps=d.embedding_idle_steps if table.idle_steps is None else table.idle_steps,
             max_rows=-(-max_rows // self.num_ps),  # this shard's share, rounded up
+            idle_seconds=(d.embedding_idle_seconds if table.idle_seconds is None
+                          else table.idle_seconds),
         )
 
 
@@ -307,3 +320,33 @@ class Recency:
         """How many steps before `step` each of `slots` was last used (uint32; `step` is at
         least every step marked)."""
         return np.uint32(step - self.base) - self.steps[slots]
+
+
+class IdleClock:
+    """Which update step of a shard was `seconds` ago, to within a sixteenth of it: the
+    shard tells it each update (`tick`), and it keeps a sample every sixteenth of `seconds`
+    over the last two `seconds` (at most 33 samples).
+
+    Steps from before the clock started (a restored shard's) count as used when it started.
+    """
+
+    def __init__(self, seconds, clock=None):
+        self.seconds, self._clock = float(seconds), clock or time.monotonic
+        self._samples = collections.deque()  # (time, the latest step then), oldest first
+
+    def tick(self, step):
+        """Records that the shard has applied `step`; returns whether a sixteenth of
+        `seconds` passed since the last sample (time to look for idle rows)."""
+        now = self._clock()
+        if self._samples and now - self._samples[-1][0] < self.seconds / 16:
+            return False
+        self._samples.append((now, step))
+        while len(self._samples) > 2 and self._samples[1][0] < now - 2 * self.seconds:
+            self._samples.popleft()
+        return True
+
+    def idle_steps(self, step):
+        """At the update `step`: rows last used more than this many steps ago were last used
+        at least `seconds` ago (None: no step is that old yet)."""
+        before = [s for t, s in self._samples if t <= self._clock() - self.seconds]
+        return step - before[-1] - 1 if before else None

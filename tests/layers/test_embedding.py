@@ -321,13 +321,16 @@ def test_functional_model_with_sparse_ids(store):
 def test_lifecycle_arguments_are_checked_and_kept_in_the_config():
     layer = Embedding(4, admit_after=3, idle_steps=1000, max_rows=50_000, name="ads")
     assert layer.lifecycle == {"admit_after": 3, "admit_probability": None,
-                               "idle_steps": 1000, "max_rows": 50_000}
+                               "idle_steps": 1000, "max_rows": 50_000, "idle_seconds": None}
     assert Embedding.from_config(layer.get_config()).lifecycle == layer.lifecycle
     assert Embedding(4).lifecycle == dict.fromkeys(
-        ("admit_after", "idle_steps", "max_rows", "admit_probability"))
+        ("admit_after", "idle_steps", "max_rows", "admit_probability", "idle_seconds"))
+    assert Embedding(4, idle_seconds=86400).lifecycle["idle_seconds"] == 86400.0
     for bad, problem in [({"admit_after": -1}, "admit_after"), ({"max_rows": 2.5}, "max_rows"),
                          ({"admit_probability": 0}, "admit_probability"),
                          ({"admit_after": 300}, "at most 255"),
-                         ({"admit_after": 2, "admit_probability": 0.5}, "not both")]:
+                         ({"admit_after": 2, "admit_probability": 0.5}, "not both"),
+                         ({"idle_seconds": float("nan")}, "idle_seconds"),
+                         ({"idle_seconds": -1}, "idle_seconds")]:
         with pytest.raises(ValueError, match=problem):
             Embedding(4, **bad)

@@ -21,7 +21,7 @@ from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.shard_types import Push, TableConfig
 from elastic_keras.ps.sparse_optimizers import from_keras_config
 from elastic_keras.ps.table_lifecycle import (
-    Lifecycle, Recency, ShardLifecycle, SightingCounter, evict_over_budget,
+    IdleClock, Lifecycle, Recency, ShardLifecycle, SightingCounter, evict_over_budget,
 )
 
 
@@ -185,6 +185,7 @@ def test_a_tables_own_settings_take_precedence_over_the_jobs():
     ({"embedding_admit_after": 256}, "at most 255"),
     ({"embedding_admit_after": 3, "embedding_admit_probability": 0.5}, "not both"),
     ({"ps_max_rows_per_shard": -1}, "--ps-max-rows-per-shard must be zero or more"),
+    ({"embedding_idle_seconds": float("inf")}, "--embedding-idle-seconds must be a finite"),
 ])
 def test_bad_flags_are_named(flags, problem):
     with pytest.raises(ConfigError, match=problem):
@@ -200,6 +201,11 @@ def test_init_model_refuses_a_table_whose_lifecycle_breaks_a_rule():
     bad = TableConfig("clicks", 4, admit_after=3, admit_probability=0.5)
     with pytest.raises(PayloadError, match="'clicks'.*not both"):
         params.init_model([], sgd_config(), [bad])
+    for seconds in (float("nan"), -5.0, float("inf")):
+        with pytest.raises(PayloadError, match="'clicks'.*idle_seconds must be a finite"):
+            params.init_model([], sgd_config(), [TableConfig("clicks", 4, idle_seconds=seconds)])
+    with pytest.raises(PayloadError, match="max_rows must be a non-negative"):
+        params.init_model([], sgd_config(), [TableConfig("clicks", 4, max_rows=-3)])
     assert not params.initialized
 
 
@@ -332,3 +338,40 @@ def test_over_grpc_a_tables_own_admission_holds_and_inference_pulls_change_nothi
     finally:
         client.close()
         server.stop(0)
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_idle_clock_tells_the_step_of_so_many_seconds_ago():
+    now = FakeTime()
+    clock = IdleClock(100, clock=now)
+    assert clock.tick(1) and not clock.tick(2)  # the next sample a sixteenth later
+    now.now += 10
+    assert clock.tick(5) and clock.idle_steps(5) is None  # nothing 100 s old yet
+    now.now += 95
+    assert clock.tick(9)
+    assert clock.idle_steps(9) == 9 - 1 - 1  # rows last used at step 1 or before
+    now.now += 10_000
+    clock.tick(40)
+    assert clock.idle_steps(40) == 40 - 9 - 1 and len(clock._samples) <= 3
+
+
+def test_a_shard_evicts_rows_idle_for_so_many_seconds(monkeypatch):
+    from elastic_keras.ps import table_lifecycle
+
+    now = FakeTime()
+    monkeypatch.setattr(table_lifecycle.time, "monotonic", now)
+    params = Parameters()
+    params.init_model([], sgd_config(), [TableConfig("emb", 4, idle_seconds=60.0)])
+    push_rows(params, 1, ids(1, 2))
+    for step in range(2, 40):
+        now.now += 5
+        push_rows(params, step, ids(2))
+    held = params.snapshot().table_states["emb"].ids.tolist()
+    assert held == [2] and params.table_stats["emb"]["evicted"] == 1
