@@ -178,13 +178,13 @@ class PSClient:
         shards = partition.embedding_shards(table, ids, self.num_ps)
         return [np.flatnonzero(shards == i) for i in range(self.num_ps)]
 
-    def pull_embeddings(self, ids_by_table, read_only=False):
+    def pull_embeddings(self, ids_by_table, read_only=False, full_precision=False):
         """Rows of embedding tables: `{table: unique int64 ids}` -> `{table: [n, dim] rows}`.
 
         Rows not yet on their shard are created there with the table's initializer (once
         the table admits their ids); `read_only` (evaluation, prediction) changes nothing on
-        the shards. Rows may be read-only arrays (views of the answer, when one shard holds
-        them all).
+        the shards; `full_precision` asks for float32 whatever the shards' transfer dtype.
+        Rows may be read-only arrays (views of the answer, when one shard holds them all).
         """
         ids_by_table = {t: np.asarray(ids, dtype=np.int64) for t, ids in ids_by_table.items()}
         positions = {t: self._split_ids(t, ids) for t, ids in ids_by_table.items()}
@@ -192,7 +192,7 @@ class PSClient:
             pserver_pb2.PullEmbeddingRequest(
                 ids=[tensor_codec.encode(t, ids[positions[t][i]])
                      for t, ids in ids_by_table.items() if len(positions[t][i])],
-                read_only=read_only,
+                read_only=read_only, full_precision=full_precision,
             )
             for i in range(self.num_ps)
         ]

@@ -14,6 +14,8 @@ called:
   matter.
 """
 
+import numbers
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -323,7 +325,7 @@ def _check_positive_int(name, value):
 def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows, idle_seconds):
     """The lifecycle arguments as a dict, each checked (None: the job's flag)."""
     if idle_seconds is not None and (
-            isinstance(idle_seconds, bool) or not isinstance(idle_seconds, (int, float))
+            isinstance(idle_seconds, bool) or not isinstance(idle_seconds, numbers.Real)
             or not 0.0 <= idle_seconds < float("inf")):
         raise ValueError("`idle_seconds` must be None or a finite number of seconds, 0 or "
                          f"more. Received: idle_seconds={idle_seconds!r}")
@@ -336,7 +338,7 @@ def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows, idle_
     if admit_after is not None and admit_after > 255:
         raise ValueError(f"`admit_after` must be at most 255. Received: {admit_after}")
     if admit_probability is not None and (
-            isinstance(admit_probability, bool) or not isinstance(admit_probability, (int, float))
+            isinstance(admit_probability, bool) or not isinstance(admit_probability, numbers.Real)
             or not 0.0 < admit_probability <= 1.0):
         raise ValueError("`admit_probability` must be None or a number in (0, 1]. "
                          f"Received: admit_probability={admit_probability!r}")

@@ -50,9 +50,9 @@ class TableSpec:
         initializer_config: `keras.initializers.serialize` of the rows' initializer.
         dtype: the rows' dtype, e.g. "float32".
         layers: the layers that look rows up in this table, in model order.
-        lifecycle: `{"admit_after", "admit_probability", "idle_steps", "max_rows",
-            "idle_seconds"}` as the layers set them (None: the job's flags; plain Embeddings
-            set none).
+        lifecycle: those of `"admit_after"`, `"admit_probability"`, `"idle_steps"`,
+            `"max_rows"` and `"idle_seconds"` the layers set (the others: the job's flags;
+            plain Embeddings set none).
         replaced_variables: the rewired plain Embeddings' `embeddings` variables: not dense
             parameters any more; the worker must leave them out of dense pull and push.
     """
@@ -170,7 +170,9 @@ def _describe(layer):
         "input_dim": int(input_dim),
         "initializer_config": keras.initializers.serialize(layer.embeddings_initializer),
         "dtype": str(layer.variable_dtype),
-        "lifecycle": dict(getattr(layer, "lifecycle", None) or {}),
+        # What the layer sets of its lifecycle (a plain Embedding sets none).
+        "lifecycle": {k: v for k, v in (getattr(layer, "lifecycle", None) or {}).items()
+                      if v is not None},
     }
 
 

@@ -121,7 +121,8 @@ def _table_rows(ps_client, table):
     trained = len(ids)
     if table.input_dim:
         missing = np.setdiff1d(np.arange(table.input_dim, dtype=np.int64), ids)
-        fresh = [ps_client.pull_embeddings({table.name: part}, read_only=True)[table.name]
+        fresh = [ps_client.pull_embeddings({table.name: part}, read_only=True,
+                                           full_precision=True)[table.name]
                  for part in np.array_split(missing, max(1, -(-len(missing) // _PULL_IDS)))]
         ids = np.concatenate([ids, missing])
         rows = np.concatenate([rows, *(f.reshape(-1, table.dim) for f in fresh)])

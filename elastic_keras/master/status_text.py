@@ -29,7 +29,7 @@ def format_status(snapshot):
           str(sum(s["table_rows"].values())), _mib(s["memory_bytes"]),
           _mib(s["bytes_received"]), _mib(s["bytes_sent"]), _ago(s["heard_s_ago"])]
          for s in snapshot["ps"]]))
-    if snapshot["tables"]:
+    if snapshot.get("tables"):  # an older master's snapshot has none
         lines.append(_table(
             ["table", "rows", "memory", "admitted", "evicted", "not admitted", "dropped"],
             [[name, str(t["rows"]), _mib(t["bytes"]),

@@ -107,12 +107,14 @@ class PullDensePart(_message.Message):
     def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PullEmbeddingRequest(_message.Message):
-    __slots__ = ("ids", "read_only")
+    __slots__ = ("ids", "read_only", "full_precision")
     IDS_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    FULL_PRECISION_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     read_only: bool
-    def __init__(self, ids: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., read_only: _Optional[bool] = ...) -> None: ...
+    full_precision: bool
+    def __init__(self, ids: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., read_only: _Optional[bool] = ..., full_precision: _Optional[bool] = ...) -> None: ...
 
 class PullEmbeddingResponse(_message.Message):
     __slots__ = ("model_version", "pieces")

@@ -258,13 +258,16 @@ class EmbeddingTable:
         self.counters.evicted += int(np.count_nonzero(drop))
         return ids[drop]
 
+    def advance(self, step):
+        """Moves the table to the shard's update `step` (every update, whatever it touched)."""
+        self._step = max(self._step, int(step))
+
     def touched(self):
         """Each row's last step used in training, in no particular order."""
         return self._recency.of(self._ids.entries()[1])
 
     def remove(self, ids):
-        """Removes the rows of `ids` (absent ones are skipped) with their slots; their
-        places in the arrays go to the next rows created. Returns how many were removed."""
+        """Removes the rows of `ids` (absent ones skipped) and slots; returns how many."""
         return int(np.count_nonzero(self._ids.remove(self._check_ids(ids)) >= 0))
 
     @classmethod
@@ -278,7 +281,8 @@ class EmbeddingTable:
         copied (or cast) into the table's own.
 
         Raises:
-            DataError: the arrays disagree in shape, ids repeat or lie outside `input_dim`.
+            DataError: the arrays disagree in shape, ids repeat or lie outside `input_dim`, or
+            `touched` lies outside `[0, step]`.
         """
         ids, values, slots = np.asarray(ids), np.asarray(values), dict(slots or {})
         what = f"Table {name!r} state"
@@ -292,9 +296,6 @@ class EmbeddingTable:
             if np.shape(array) != values.shape:
                 raise DataError(f"{what}: slot {slot!r} must have the values' shape "
                                 f"{list(values.shape)}. Received: {list(np.shape(array))}")
-        if touched is not None and np.shape(touched) != ids.shape:
-            raise DataError(f"{what}: touched must have the ids' shape {list(ids.shape)}. "
-                            f"Received: {list(np.shape(touched))}")
         table = cls(name, values.shape[1], initializer, input_dim, values.dtype, tuple(slots),
                     slot_initial_values, lifecycle)
         try:
@@ -308,8 +309,7 @@ class EmbeddingTable:
                             f"{len(table._ids)} distinct")
         table._values = np.array(values, dtype=table.dtype, order="C")
         table._step = int(step)
-        table._recency = Recency(np.full(len(ids), table._step) if touched is None
-                                 else touched, table._step)
+        table._recency = Recency(touched, table._step, len(ids))
         table._slots = {
             slot: np.array(array, dtype=table.dtype, order="C") for slot, array in slots.items()
         }
@@ -346,7 +346,7 @@ class EmbeddingTable:
         self.counters.not_admitted_lookups += int(np.count_nonzero(~admitted[positions]))
         new_ids = new_ids[admitted]
         self._make_room(len(new_ids), keep=slots[~absent])
-        # The only step that may fail, before any change.
+        # May fail (memory) after admission and eviction, before rows and the map change.
         self._reserve(self._ids.slots_after_insert(len(new_ids)))
         new_slots = np.full(len(admitted), -1, dtype=np.int64)
         new_slots[admitted] = self._ids.insert(new_ids)

@@ -308,7 +308,7 @@ class Parameters(SnapshotMixin, LearningRateMixin):
 
         In training, rows looked up for the first time are created (the same on any shard,
         after any restart) once their ids are admitted, and a shard over its row budget
-        evicts first (see `EmbeddingTable.rows`); `read_only` (inference) changes nothing.
+        evicts after (see `EmbeddingTable.rows`); `read_only` (inference) changes nothing.
 
         Raises:
             NotReadyError: before InitModel. PayloadError: an unknown table or bad ids.
@@ -316,10 +316,10 @@ class Parameters(SnapshotMixin, LearningRateMixin):
         model = self._require_model("PullEmbedding")
         lookups = model.lookups(ids_by_table, "PullEmbedding")
         with self._lock:
+            rows = {table.name: table.rows(ids, training=not read_only) for table, ids in lookups}
             if not read_only:
                 model.keep_in_bounds(None, self.lifecycle.max_rows_per_shard)
-            return ({table.name: table.rows(ids, training=not read_only)
-                     for table, ids in lookups}, self._version)
+            return rows, self._version
 
     def table_rows(self, name, chunk_rows):
         """Every row of table `name` this shard holds, as `(ids, rows)` chunks.

@@ -252,8 +252,8 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         with _abort_on_domain_errors(context, "PullEmbedding"):
             rows, version = self._parameters.pull_embeddings(_decode_all(request.ids),
                                                              read_only=request.read_only)
-        return tensor_stream.embedding_frame(version, self._transfer.encode(rows.items()),
-                                             self._transfer)
+        return tensor_stream.embedding_frame(
+            version, self._transfer.encode(rows.items(), request.full_precision), self._transfer)
 
     def PullTable(self, request, context):
         with _abort_on_domain_errors(context, "PullTable"):

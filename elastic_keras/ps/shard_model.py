@@ -34,7 +34,7 @@ from elastic_keras.ps.optimizer import OptimizerApplier, optimizer_from_config
 from elastic_keras.ps.shard_types import Snapshot
 from elastic_keras.ps.sparse_optimizers import from_keras_config as sparse_optimizer_from_config
 from elastic_keras.ps.table_lifecycle import (
-    IdleClock, ShardLifecycle, TableCounters, evict_over_budget,
+    IdleClock, ShardLifecycle, TableCounters, upkeep,
 )
 from elastic_keras.ps.updates import (
     VariableSpec, check_initial_values, check_table_rows, prepare_update,
@@ -126,19 +126,8 @@ class ShardModel:
                 for name, t in self.tables.items()}
 
     def keep_in_bounds(self, step, max_rows_per_shard=0):
-        """After the update `step` (None: not after an update): evicts idle rows (each table
-        every eighth of its `idle_steps`, so a row goes between T and 9T/8 idle steps; every
-        sixteenth of its `idle_seconds`, by its `IdleClock`), then rows over the shard's
-        budget of `max_rows_per_shard` over all tables (0: none). Returns how many went."""
-        gone = 0
-        for name, table in self.tables.items() if step is not None else ():
-            idle, clock = table.lifecycle.idle_steps, self.idle_clocks.get(name)
-            if idle and step % max(1, idle // 8) == 0:
-                gone += len(table.evict(idle_steps=idle))
-            if clock is not None and clock.tick(step):
-                steps = clock.idle_steps(step)
-                gone += len(table.evict(idle_steps=steps)) if steps is not None else 0
-        return gone + evict_over_budget(list(self.tables.values()), max_rows_per_shard)
+        """`table_lifecycle.upkeep` of the tables after the update `step` (None: a pull)."""
+        return upkeep(self.tables, self.idle_clocks, step, max_rows_per_shard)
 
     def apply(self, gradients, rows, deltas, step, lr_scale=1.0):
         """One optimizer step on the dense variables and table rows, the non-trainable
@@ -154,6 +143,8 @@ class ShardModel:
         self.applier.apply(gradients, lr_scale)
         for name, (ids, grads) in rows.items():
             self.tables[name].apply(ids, grads, self.sparse_optimizer, step, lr_scale)
+        for table in self.tables.values():  # every table keeps the shard's step, for recency
+            table.advance(step)
         for name, delta in deltas.items():
             variable = self.variables[name]
             variable.assign(variable.numpy() + delta)
@@ -201,7 +192,7 @@ def restore_model(snapshot, lifecycle=ShardLifecycle()):
         for name, sketch in snapshot.table_sketches.items():  # another budget: counted anew
             if name in model.tables and model.tables[name].admission is not None:
                 model.tables[name].admission.restore(sketch)
-    except (PayloadError, DataError, ValueError) as exc:
+    except (PayloadError, DataError, TypeError, ValueError) as exc:
         raise CheckpointError(f"The snapshot at version {snapshot.version} cannot be "
                               f"restored: {exc}") from exc
     return model

@@ -326,6 +326,7 @@ def test_lifecycle_arguments_are_checked_and_kept_in_the_config():
     assert Embedding(4).lifecycle == dict.fromkeys(
         ("admit_after", "idle_steps", "max_rows", "admit_probability", "idle_seconds"))
     assert Embedding(4, idle_seconds=86400).lifecycle["idle_seconds"] == 86400.0
+    assert Embedding(4, admit_probability=np.float32(0.5)).lifecycle["admit_probability"] == 0.5
     for bad, problem in [({"admit_after": -1}, "admit_after"), ({"max_rows": 2.5}, "max_rows"),
                          ({"admit_probability": 0}, "admit_probability"),
                          ({"admit_after": 300}, "at most 255"),

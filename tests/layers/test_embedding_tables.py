@@ -205,8 +205,19 @@ def test_a_tables_lifecycle_comes_from_its_layers_which_must_agree():
     ids = keras.Input(shape=(2,), dtype="int64")
     model = keras.Model(ids, Embedding(DIM, admit_after=2, table="t", name="a")(ids))
     (spec,) = ps_tables(model)
-    assert spec.lifecycle["admit_after"] == 2 and spec.lifecycle["max_rows"] is None
+    assert spec.lifecycle == {"admit_after": 2}
     other = Embedding(DIM, admit_after=5, table="t", name="b")(ids)
     both = keras.Model(ids, Embedding(DIM, admit_after=2, table="t", name="c")(ids) + other)
     with pytest.raises(ValueError, match="agree on .*lifecycle"):
         ps_tables(both)
+
+
+
+def test_a_plain_embedding_shares_a_table_with_a_layer_that_sets_no_lifecycle():
+    ids = keras.Input(shape=(2,), dtype="int64")
+    plain = keras.layers.Embedding(VOCAB, DIM, name="shared")
+    model = keras.Model(ids, plain(ids) + Embedding(DIM, input_dim=VOCAB,
+                                                    table="shared", name="b")(ids))
+    model(np.zeros((1, 2), np.int64))
+    (spec,) = ps_tables(model, threshold_params=1000)
+    assert spec.lifecycle == {} and len(spec.layers) == 2

@@ -161,12 +161,24 @@ def test_the_sketch_never_counts_an_id_below_its_sightings(seen):
         assert count >= min(truth[value], 255)
 
 
+def test_ids_seen_once_are_rarely_admitted_beside_busy_ones():
+    t = table(admit_after=3)
+    rng = np.random.default_rng(3)
+    head = rng.integers(1, 2**62, 50_000)
+    for step in range(60):  # 15k new ids a step beside a Zipf head seen over and over
+        hot = np.unique(head[np.minimum(rng.zipf(1.2, 8192), len(head)) - 1])
+        t.rows(np.concatenate([hot, -1 - np.arange(step * 15_000, (step + 1) * 15_000)]))
+    new_rows = int(np.count_nonzero(t.state().ids < 0))
+    assert new_rows < 0.01 * 60 * 15_000, new_rows  # a count-min sketch overcounts a few
+    assert np.count_nonzero(t.state().ids > 0) > 1000  # the head is admitted
+
+
 def test_the_sketch_halves_so_old_sightings_fade():
     counter = SightingCounter(16, "t")
     counter.add(ids(5))
     counter.add(ids(5))
     others = np.arange(1000, 1000 + 4096)  # seen often, in a sixteenth of the counters
-    for _ in range(counter.width * 8 // len(others)):
+    for _ in range(counter.width * 2 // len(others)):
         counter.add(others)
     assert counter.add(ids(5))[0] == 2  # 2 halved, plus this sighting
 
@@ -300,7 +312,7 @@ def test_a_shard_evicts_rows_idle_for_its_idle_steps_as_it_applies_updates():
 
 
 def test_recency_outlives_its_four_bytes():
-    recency = Recency(np.array([5, 7]), step=7)
+    recency = Recency(np.array([5, 7]), step=7, count=2)
     recency.mark(np.array([1]), 3 << 31)  # a table billions of steps old
     assert recency.of(np.array([0, 1])).tolist() == [recency.base, 3 << 31]
     assert recency.steps.dtype == np.uint32 and recency.base > 0
@@ -375,3 +387,33 @@ def test_a_shard_evicts_rows_idle_for_so_many_seconds(monkeypatch):
         push_rows(params, step, ids(2))
     held = params.snapshot().table_states["emb"].ids.tolist()
     assert held == [2] and params.table_stats["emb"]["evicted"] == 1
+
+
+def test_every_table_keeps_the_shards_step_whatever_each_push_touches():
+    params = Parameters(lifecycle=ShardLifecycle(EmbeddingLifecycle(embedding_idle_steps=8)))
+    params.init_model([], sgd_config(), [TableConfig("emb", 4), TableConfig("rare", 4)])
+    grads = np.ones((2, 4), np.float32)
+    params.push(Push(worker_id=0, sequence=1, model_version=0, gradients=[
+        ("rare", Slices(grads, ids(1, 2), (0, 4)))]))
+    for step in range(2, 30):
+        params.pull_embeddings([("rare", ids(2))])  # 2 is used every step, never pushed
+        push_rows(params, step, ids(7))
+    assert params.snapshot().table_states["rare"].ids.tolist() == [2]  # 1 went, idle
+
+
+def test_rows_used_now_are_not_the_oldest_under_a_shard_budget():
+    params = Parameters(lifecycle=ShardLifecycle(EmbeddingLifecycle(ps_max_rows_per_shard=40)))
+    params.init_model([], sgd_config(), [TableConfig("emb", 4), TableConfig("hot", 4)])
+    hot = np.arange(1000, 1010)
+    for step in range(1, 30):
+        params.pull_embeddings([("hot", hot), ("emb", np.arange(step * 10, step * 10 + 10))])
+        push_rows(params, step, np.arange(step * 10, step * 10 + 10))  # "emb" only
+    assert params.table_stats["hot"] == {**params.table_stats["hot"], "rows": 10, "evicted": 0}
+
+
+def test_a_state_whose_last_uses_lie_after_its_step_is_refused():
+    from elastic_keras.common.errors import DataError
+
+    with pytest.raises(DataError, match="last uses must be 2 steps from 0 to 5"):
+        EmbeddingTable.from_state("t", "zeros", ids(1, 2), np.zeros((2, 4), np.float32),
+                                  touched=np.array([3, 9]), step=5)
