@@ -21,11 +21,12 @@ Example:
     3
     >>> EmbeddingLifecycle(embedding_admit_probability=2.0)  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
-    ConfigError: --embedding-admit-probability must lie in (0, 1]. Received: 2.0
+    ConfigError: --embedding-admit-probability must be a number in (0, 1]. Received: 2.0
 """
 
 import dataclasses
 import math
+import numbers
 
 from elastic_keras.common.errors import ConfigError
 from elastic_keras.common.flags import NON_NEGATIVE, check_fields, flag
@@ -75,19 +76,45 @@ class EmbeddingLifecycle:
 
     def __post_init__(self):
         check_fields(self)
-        p = self.embedding_admit_probability
-        if not math.isfinite(self.embedding_idle_seconds):
-            raise ConfigError(f"--embedding-idle-seconds must be a finite number of seconds. "
-                              f"Received: {self.embedding_idle_seconds!r}")
-        if not 0.0 < p <= 1.0:
-            raise ConfigError(f"--embedding-admit-probability must lie in (0, 1]. Received: {p!r}")
-        if self.embedding_admit_after > MAX_ADMIT_AFTER:
-            raise ConfigError(f"--embedding-admit-after must be at most {MAX_ADMIT_AFTER}. "
-                              f"Received: {self.embedding_admit_after}")
-        if self.embedding_admit_after > 1 and p < 1.0:
-            raise ConfigError(
-                "Admission counts sightings or draws, not both: give --embedding-admit-after "
-                "or --embedding-admit-probability. Received: "
-                f"--embedding-admit-after {self.embedding_admit_after} "
-                f"--embedding-admit-probability {p}"
-            )
+        try:
+            check_lifecycle({name: getattr(self, "embedding_" + name)
+                             for name in LIFECYCLE_SETTINGS},
+                            lambda name: f"--embedding-{name.replace('_', '-')}")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+LIFECYCLE_SETTINGS = ("admit_after", "admit_probability", "idle_steps", "idle_seconds",
+                      "max_rows")
+
+
+def check_lifecycle(settings, named=lambda name: name):
+    """Checks a table's lifecycle `settings` (`{name: value}`, names from
+    `LIFECYCLE_SETTINGS`; None: unset), where a layer's arguments, a shard's table and the
+    job's flags come from. `named(name)` is how an error names a setting.
+
+    Raises:
+        ValueError: a setting that breaks its rule, named, with the value received.
+    """
+    for name, value in settings.items():
+        if value is None:
+            continue
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if name in ("admit_after", "idle_steps", "max_rows"):
+            broken = not real or value != int(value) or value < 0 or (
+                name == "admit_after" and value > MAX_ADMIT_AFTER)
+            rule = "an integer from 0" + (f" to {MAX_ADMIT_AFTER}" if name == "admit_after"
+                                          else "")
+        elif name == "admit_probability":
+            broken, rule = not real or not 0.0 < value <= 1.0, "a number in (0, 1]"
+        else:
+            broken = not real or not 0.0 <= value < math.inf
+            rule = "a finite number of seconds, 0 or more"
+        if broken:
+            raise ValueError(f"{named(name)} must be {rule}. Received: {value!r}")
+    after, probability = settings.get("admit_after"), settings.get("admit_probability")
+    if (after or 0) > 1 and probability is not None and probability < 1.0:
+        raise ValueError(f"Admission counts sightings ({named('admit_after')}) or draws "
+                         f"({named('admit_probability')}), not both. Received: "
+                         f"{named('admit_after')}={after}, "
+                         f"{named('admit_probability')}={probability}")

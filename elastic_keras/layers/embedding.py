@@ -14,12 +14,11 @@ called:
   matter.
 """
 
-import numbers
-
 import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_keras.common.embedding_lifecycle import check_lifecycle
 from elastic_keras.layers.id_tensors import (
     check_id_range, check_table_rows, gather_rows, padding, segments,
 )
@@ -118,8 +117,9 @@ class Embedding(keras.layers.Layer):
             raise ValueError(
                 f"`table` must be None or a non-empty string. Received: table={table!r}"
             )
-        self.lifecycle = _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows,
-                                          idle_seconds)
+        self.lifecycle = _check_lifecycle(
+            admit_after=admit_after, admit_probability=admit_probability,
+            idle_steps=idle_steps, max_rows=max_rows, idle_seconds=idle_seconds)
         super().__init__(**kwargs)
         self.output_dim = output_dim
         self.input_dim = input_dim
@@ -322,30 +322,9 @@ def _check_positive_int(name, value):
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
-def _check_lifecycle(admit_after, admit_probability, idle_steps, max_rows, idle_seconds):
-    """The lifecycle arguments as a dict, each checked (None: the job's flag)."""
-    if idle_seconds is not None and (
-            isinstance(idle_seconds, bool) or not isinstance(idle_seconds, numbers.Real)
-            or not 0.0 <= idle_seconds < float("inf")):
-        raise ValueError("`idle_seconds` must be None or a finite number of seconds, 0 or "
-                         f"more. Received: idle_seconds={idle_seconds!r}")
-    given = {"admit_after": admit_after, "idle_steps": idle_steps, "max_rows": max_rows}
-    for name, value in given.items():
-        if value is not None and (not isinstance(value, (int, np.integer))
-                                  or isinstance(value, bool) or value < 0):
-            raise ValueError(f"`{name}` must be None or a non-negative integer. "
-                             f"Received: {name}={value!r}")
-    if admit_after is not None and admit_after > 255:
-        raise ValueError(f"`admit_after` must be at most 255. Received: {admit_after}")
-    if admit_probability is not None and (
-            isinstance(admit_probability, bool) or not isinstance(admit_probability, numbers.Real)
-            or not 0.0 < admit_probability <= 1.0):
-        raise ValueError("`admit_probability` must be None or a number in (0, 1]. "
-                         f"Received: admit_probability={admit_probability!r}")
-    if (admit_after or 0) > 1 and admit_probability is not None and admit_probability < 1.0:
-        raise ValueError("Admission counts sightings (admit_after) or draws "
-                         "(admit_probability), not both. Received: admit_after="
-                         f"{admit_after}, admit_probability={admit_probability}")
-    return {**{k: None if v is None else int(v) for k, v in given.items()},
-            "admit_probability": None if admit_probability is None else float(admit_probability),
-            "idle_seconds": None if idle_seconds is None else float(idle_seconds)}
+def _check_lifecycle(**settings):
+    """The lifecycle arguments as a dict of plain numbers, each checked (None: the job's)."""
+    check_lifecycle(settings, lambda name: f"`{name}`")
+    return {name: None if value is None else
+            (float(value) if name in ("admit_probability", "idle_seconds") else int(value))
+            for name, value in settings.items()}

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from elastic_keras.common.embedding_lifecycle import EmbeddingLifecycle
+from elastic_keras.common.embedding_lifecycle import EmbeddingLifecycle, check_lifecycle
 from elastic_keras.common.errors import DataError
 from elastic_keras.common.hashing import mix64
 
@@ -68,25 +68,7 @@ class Lifecycle:
     idle_seconds: float = 0.0
 
     def __post_init__(self):
-        for name in ("admit_after", "idle_steps", "max_rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or int(value) != value or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer. Received: {value!r}")
-        seconds = self.idle_seconds
-        if isinstance(seconds, bool) or not 0.0 <= float(seconds) < float("inf"):
-            raise ValueError(f"idle_seconds must be a finite number of seconds, 0 or more. "
-                             f"Received: {seconds!r}")
-        p = self.admit_probability
-        if isinstance(p, bool) or not 0.0 < float(p) <= 1.0:
-            raise ValueError(f"admit_probability must lie in (0, 1]. Received: {p!r}")
-        if self.admit_after > 1 and p < 1.0:
-            raise ValueError(
-                "Admission counts sightings (admit_after) or draws (admit_probability), not "
-                f"both. Received: admit_after={self.admit_after}, admit_probability={p}"
-            )
-        if self.admit_after > _COUNTER_MAX:
-            raise ValueError(f"admit_after must be at most {_COUNTER_MAX}. "
-                             f"Received: {self.admit_after}")
+        check_lifecycle(dataclasses.asdict(self))
 
     @property
     def admits_all(self):
@@ -266,8 +248,7 @@ class ShardLifecycle:
             admit_after = table.admit_after or 0
             probability = 1.0 if table.admit_probability is None else table.admit_probability
         max_rows = d.embedding_max_rows if table.max_rows is None else table.max_rows
-        if max_rows < 0:
-            raise ValueError(f"max_rows must be a non-negative integer. Received: {max_rows}")
+        check_lifecycle({"max_rows": max_rows})  # before it is split over the shards
         return Lifecycle(
             admit_after=admit_after, admit_probability=probability,
             idle_steps=d.embedding_idle_steps if table.idle_steps is None else table.idle_steps,

@@ -329,7 +329,7 @@ def test_lifecycle_arguments_are_checked_and_kept_in_the_config():
     assert Embedding(4, admit_probability=np.float32(0.5)).lifecycle["admit_probability"] == 0.5
     for bad, problem in [({"admit_after": -1}, "admit_after"), ({"max_rows": 2.5}, "max_rows"),
                          ({"admit_probability": 0}, "admit_probability"),
-                         ({"admit_after": 300}, "at most 255"),
+                         ({"admit_after": 300}, "from 0 to 255"),
                          ({"admit_after": 2, "admit_probability": 0.5}, "not both"),
                          ({"idle_seconds": float("nan")}, "idle_seconds"),
                          ({"idle_seconds": -1}, "idle_seconds")]:

@@ -193,8 +193,8 @@ def test_a_tables_own_settings_take_precedence_over_the_jobs():
 
 
 @pytest.mark.parametrize("flags, problem", [
-    ({"embedding_admit_probability": 0.0}, "--embedding-admit-probability must lie in"),
-    ({"embedding_admit_after": 256}, "at most 255"),
+    ({"embedding_admit_probability": 0.0}, "--embedding-admit-probability must be a number in"),
+    ({"embedding_admit_after": 256}, "--embedding-admit-after must be an integer from 0 to 255"),
     ({"embedding_admit_after": 3, "embedding_admit_probability": 0.5}, "not both"),
     ({"ps_max_rows_per_shard": -1}, "--ps-max-rows-per-shard must be zero or more"),
     ({"embedding_idle_seconds": float("inf")}, "--embedding-idle-seconds must be a finite"),
@@ -216,7 +216,7 @@ def test_init_model_refuses_a_table_whose_lifecycle_breaks_a_rule():
     for seconds in (float("nan"), -5.0, float("inf")):
         with pytest.raises(PayloadError, match="'clicks'.*idle_seconds must be a finite"):
             params.init_model([], sgd_config(), [TableConfig("clicks", 4, idle_seconds=seconds)])
-    with pytest.raises(PayloadError, match="max_rows must be a non-negative"):
+    with pytest.raises(PayloadError, match="max_rows must be an integer from 0"):
         params.init_model([], sgd_config(), [TableConfig("clicks", 4, max_rows=-3)])
     assert not params.initialized
 
