@@ -37,7 +37,7 @@ from elastic_keras.common.embedding_init import check_initializer, initial_rows
 from elastic_keras.common.errors import DataError, PayloadError
 from elastic_keras.ps.id_map import IdMap
 from elastic_keras.ps.row_arrays import (
-    advise_huge_pages, as_slice, copy_grown, distinct, release_free_memory, scatter, sum_repeated,
+    advise_huge_pages, as_slice, distinct, grow, release_free_memory, scatter, sum_repeated,
 )
 from elastic_keras.ps.table_lifecycle import (
     EVICTION_BATCH, Admission, Lifecycle, Recency, TableCounters,
@@ -102,7 +102,7 @@ class EmbeddingTable:
         self.initializer = initializer
         self.slot_names = tuple(slot_names)
         self._slot_initial = {slot: float(initial.get(slot, 0.0)) for slot in self.slot_names}
-        self._ids = IdMap()
+        self._ids = IdMap(most=lifecycle.max_rows)
         self._values = np.empty((0, self.dim), dtype=dtype)
         self._slots = {slot: np.empty((0, self.dim), dtype=dtype) for slot in self.slot_names}
         self._step = 0  # the latest update step applied
@@ -256,7 +256,10 @@ class EmbeddingTable:
                 drop[candidates[oldest]] = True
         self._ids.remove_entries(entries[drop])
         self.counters.evicted += int(np.count_nonzero(drop))
-        return ids[drop]
+        gone = ids[drop]
+        del ids, slots, entries, age, drop
+        release_free_memory()
+        return gone
 
     def advance(self, step):
         """Moves the table to the shard's update `step` (every update, whatever it touched)."""
@@ -302,7 +305,7 @@ class EmbeddingTable:
             table._check_ids(ids)
         except PayloadError as exc:
             raise DataError(f"{what}: {exc}") from exc
-        table._ids = IdMap(len(ids))
+        table._ids = IdMap(len(ids), most=lifecycle.max_rows)
         table._ids.insert(ids)  # distinct ids get the slots 0, 1, 2, ... in order
         if len(table._ids) != len(ids):
             raise DataError(f"{what}: ids must be distinct. Received: {len(ids)} ids, "
@@ -384,17 +387,8 @@ class EmbeddingTable:
         for holder, key in ((self.__dict__, "_values"), (self._recency.__dict__, "steps"),
                             *((self._slots, name) for name in self.slot_names)):
             if len(holder[key]) < rows:
-                _grow(holder, key, shape[:holder[key].ndim])
+                grow(holder, key, shape[:holder[key].ndim])
         for array in (self._values, *self._slots.values()):
             advise_huge_pages(array)
         release_free_memory()  # what the arrays' copies left behind
 
-
-def _grow(holder, key, shape):
-    """Grows the array `holder[key]` to `shape`. `resize` extends a buffer in place (for large
-    arrays usually without copying) when nothing else refers to the array; it counts
-    references, so it is called on the holder's entry itself, not on a local name."""
-    try:
-        holder[key].resize(shape, refcheck=True)
-    except ValueError:
-        holder[key] = copy_grown(holder[key], shape)

@@ -3,21 +3,28 @@
 An embedding table keeps its rows in one contiguous array; `IdMap` says which row (slot)
 holds each id. Slots are handed out as 0, 1, 2, ... in the order ids are first inserted, so
 the table's arrays stay dense; the slots of removed ids are handed out again first (the
-lowest first), so a table that removes rows as fast as it adds them keeps its size. There is no Python object per entry: the map is an
-open-addressing table of entries, each an int64 key beside its int64 slot (16 bytes, so a
-probe reads one cache line, not one in a keys array and another in a slots array: a lookup
-of 64k ids in a 10M-entry map is about 30% faster so), with a power-of-two capacity, kept at
-most `MAX_LOAD` full. A slot of -1 marks an empty entry, so every int64 value, 0 and -1
-included, is a valid id. A removed id's entry is marked removed: lookups probe on past it,
-an insertion takes the first such entry on its way (once it knows the id is absent), and a
-rehash drops those left (they count toward the load until then), so a map that removes ids
-as fast as it adds them rarely rehashes.
+lowest first), so a table that removes rows as fast as it adds them keeps its size.
+
+There is no Python object per entry: the map is an open-addressing table of entries, each
+an int64 key beside its int64 slot (16 bytes, so a probe reads one cache line, not one in a
+keys array and another in a slots array). Its capacity is any number of entries, so a map is
+sized to what it holds: an id's first entry is a 64-bit mix of the id scaled to the
+capacity, and its probes follow the triangular sequence home, home+1, home+3, home+6, ...
+over the next power of two (which visits every position); positions past the last entry
+read one extra entry that no probe stops at, so they cost a round, not memory. A slot of -1
+marks an empty entry, so every int64 value, 0 and -1 included, is a valid id. A removed id's
+entry is marked removed: lookups probe on past it, an insertion takes the first such entry
+on its way (once it knows the id is absent), and a rehash drops those left (they count
+toward the load until then).
+
+The map grows to twice what it holds when entries and removed ones pass `MAX_LOAD`, never
+past room for `most` ids where the caller knows its bound (a table with a row budget), and
+is rebuilt at its size when removed entries fill it: at its bound an id costs
+16 / `SIZED_LOAD` (about 27) bytes.
 
 Every operation works on whole batches of ids at once: each round of probing is a handful of
-vectorised gathers over the ids still unresolved, following the triangular sequence
-home, home+1, home+3, home+6, ... (which visits every entry of a power-of-two table).
-Insertion resolves collisions inside a batch by letting ids claim empty entries together
-and reading back which claim won.
+vectorised gathers over the ids still unresolved. Insertion resolves collisions inside a
+batch by letting ids claim empty entries together and reading back which claim won.
 
 Example:
 
@@ -38,11 +45,14 @@ Example:
 import numpy as np
 
 from elastic_keras.common.hashing import mix64
+from elastic_keras.ps.row_arrays import release_free_memory
 
-MAX_LOAD = 0.6
+MAX_LOAD = 0.75  # the most entries (held and removed) a map has before it grows or rebuilds
+SIZED_LOAD = 0.6  # how full a map is made when it is (re)built for a number of ids
 _MIN_CAPACITY = 16
 _EMPTY = -1
 _REMOVED = np.iinfo(np.int64).min  # the slot of a removed id's entry until the next rehash
+_SKIP = -3  # the slot of the entry that stands for probe positions past the last entry
 # Salts the hash so the entries of one shard do not inherit the partition's choice of shard.
 _SALT = np.uint64(0x6A09E667F3BCC909)
 
@@ -54,12 +64,15 @@ class IdMap:
 
     Args:
         expected: how many ids to make room for at once (growth happens anyway).
+        most: how many ids the map holds at most (0: no bound): it grows past room for them
+            only while it holds more.
     """
 
-    def __init__(self, expected=0):
+    def __init__(self, expected=0, most=0):
         self._size = 0        # ids in the map
         self._removed = 0     # entries of removed ids (tombstones) until the next rehash
         self._next_slot = 0   # slots handed out so far: every slot is below it
+        self._most = int(most)
         self._free = np.empty(0, dtype=np.int64)  # slots of removed ids, reused first
         self._allocate(_capacity_for(expected))
 
@@ -78,8 +91,8 @@ class IdMap:
 
     @property
     def capacity(self):
-        """The number of entries of the hash table (a power of two)."""
-        return len(self._entries)
+        """The number of entries of the hash table."""
+        return len(self._entries) - 1
 
     @property
     def nbytes(self):
@@ -161,16 +174,21 @@ class IdMap:
     def _allocate(self, capacity):
         # `full`, not `zeros`: numpy backs large arrays it fills itself with huge pages (not
         # those it gets zeroed by calloc), which speeds up a lookup's random reads.
-        self._entries = np.full((capacity, 2), _EMPTY, dtype=np.int64)  # [key, slot]
+        self._entries = np.full((capacity + 1, 2), _EMPTY, dtype=np.int64)  # [key, slot]
+        self._entries[capacity, 1] = _SKIP
         # The same bytes as one 16-byte element per entry, for `np.take` of whole entries.
         self._pairs = self._entries.view(np.complex128).reshape(-1)
-        self._mask = capacity - 1
-        self._shift = np.uint64(64 - (capacity.bit_length() - 1))
+        self._last = capacity  # the _SKIP entry
+        self._mask = (1 << (capacity - 1).bit_length()) - 1
 
     def _home(self, ids):
-        """The first entry each id probes: the top bits of a 64-bit mix of the id."""
+        """The first entry each id probes: the top 32 bits of a 64-bit mix of the id, scaled
+        to the capacity."""
         mixed = ids.view(np.uint64) ^ _SALT
-        return (mix64(mixed, out=mixed) >> self._shift).astype(np.intp)
+        mix64(mixed, out=mixed)
+        mixed >>= np.uint64(32)
+        mixed *= np.uint64(self._last)
+        return (mixed >> np.uint64(32)).astype(np.intp)
 
     def _probe(self, ids, stops):
         """Looks up 1-D `ids`: their slots (-1 if absent) and, with `stops`, for absent ids the
@@ -219,7 +237,8 @@ class IdMap:
 
     def _entries_at(self, position):
         """`[key, slot]` of the entries at `position` (a copy; `take` beats indexing)."""
-        return np.take(self._pairs, position).view(np.int64).reshape(-1, 2)
+        at = np.minimum(position, self._last)  # past the last entry: the _SKIP entry
+        return np.take(self._pairs, at).view(np.int64).reshape(-1, 2)
 
     def _place(self, keys, slots, position, step):
         """Stores distinct, absent `keys` with their `slots`, probing from `position`/`step`.
@@ -247,19 +266,20 @@ class IdMap:
             position = (position[go_on] + step) & self._mask
 
     def _reserve(self, size):
-        """Grows (rehashing every entry, which drops the entries of removed ids) so that
-        `size` entries and those of removed ids stay within `MAX_LOAD`.
-
-        Returns whether it grew (entries then sit elsewhere).
-        """
+        """Makes room for `size` ids, with the entries of removed ids, within `MAX_LOAD`:
+        rebuilds the map (which drops those entries), at twice `size` (at most room for
+        `most`) where the map is too small for that. Returns whether it rebuilt."""
         if size + self._removed <= self.capacity * MAX_LOAD:
             return False
+        wanted = 2 * size if not self._most else max(size, min(2 * size, self._most))
         occupied = np.flatnonzero(self._entries[:, 1] >= 0)
         keys, slots = self._entries[occupied, 0], self._entries[occupied, 1]
         del occupied
-        self._allocate(_capacity_for(size))
+        self._allocate(max(_capacity_for(wanted), self.capacity))
         self._removed = 0
         self._place(keys, slots, self._home(keys), np.zeros(len(keys), dtype=np.intp))
+        del keys, slots
+        release_free_memory()  # the old entries, and these copies: free heap otherwise kept
         return True
 
 
@@ -287,7 +307,5 @@ def _as_ids(ids):
 
 
 def _capacity_for(size):
-    capacity = _MIN_CAPACITY
-    while size > capacity * MAX_LOAD:
-        capacity *= 2
-    return capacity
+    """Entries for `size` ids at `SIZED_LOAD`."""
+    return max(_MIN_CAPACITY, int(np.ceil(size / SIZED_LOAD)))

@@ -1,7 +1,7 @@
 """Row arrays of an embedding table: growing them, writing rows in place, merging ids.
 
 The helpers `EmbeddingTable` uses on its `[capacity, dim]` arrays: huge-page advice for
-large arrays, copying into a larger array where one cannot grow in place, handing freed
+large arrays, growing an array (in place where it can), handing freed
 memory back to the system, whole-row scatter, and the distinct ids of a batch with their
 gradients summed.
 """
@@ -40,10 +40,16 @@ else:
     _LIBC = _TRIM = None
 
 
-def copy_grown(array, shape):
-    grown = np.empty(shape, dtype=array.dtype)
-    grown[:len(array)] = array
-    return grown
+def grow(holder, key, shape):
+    """Grows the array `holder[key]` to `shape`. `resize` extends a buffer in place (for large
+    arrays usually without copying) when nothing else refers to the array; it counts
+    references, so it is called on the holder's entry itself, not on a local name."""
+    try:
+        holder[key].resize(shape, refcheck=True)
+    except ValueError:
+        grown = np.empty(shape, dtype=holder[key].dtype)
+        grown[:len(holder[key])] = holder[key]
+        holder[key] = grown
 
 
 def as_slice(slots):
