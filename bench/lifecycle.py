@@ -11,9 +11,14 @@ each with one table of dim 16 and Adam:
   (`--quick`: 5M) were sent.
   `lifecycle/memory` is its resident memory after 2M, 10M and 20M ids, beside the first
   (`lifecycle/memory_flat`: the last beside the first, whose ratio should stay below 1.10);
-  `lifecycle/bytes_per_row` is its resident memory's growth from its first step to the
+  `lifecycle/growth_per_row` is its resident memory's growth from its first step to the
   end, per row of its budget, less the raw bytes of a row and its slots
-  (`config.raw_bytes`): what a row of the budget costs beyond its data.
+  (`config.raw_bytes`): this counts the memory a PS holds for its work whatever its rows
+  (buffers, the allocator's free lists) as if rows held it;
+- a third PS, with twice the budget, is sent twice as many ids as the first was at its first
+  mark (2M): `lifecycle/bytes_per_row` is what the second million rows cost, less their raw
+  bytes (the two PS's growth from their first step, at the same point of their streams: full
+  and evicting): a row's own cost beyond its data.
 - the same PS without a budget receives the same steps until it holds 1M rows: the peer of
   `lifecycle/pull` and `lifecycle/push`, rows per second of the budgeted PS over its steps
   after 2M ids (when it evicts as fast as new ids come), against the unbudgeted one's over
@@ -93,6 +98,21 @@ def _start(ps, max_rows):
     return client
 
 
+def _growth(budget, distinct_ids, grads):
+    """The resident-memory growth (MB) of a PS with a table of `budget` rows from its first
+    step until it was sent `distinct_ids` ids."""
+    with ChildServer("bench.embedding_rows") as ps:
+        client = _start(ps, budget)
+        try:
+            stream, pusher = Stream(), Pusher(client)
+            _run_steps(client, pusher, stream, grads, lambda: stream.distinct >= STEP_IDS)
+            start_mb = ps.resident_mb()
+            _run_steps(client, pusher, stream, grads, lambda: stream.distinct >= distinct_ids)
+            return ps.resident_mb() - start_mb
+        finally:
+            client.close()
+
+
 def run(quick, work_dir=None):
     """Prints every result of this suite; `work_dir` is unused."""
     marks = CHECKPOINTS[:1] + (5_000_000,) if quick else CHECKPOINTS
@@ -113,7 +133,7 @@ def run(quick, work_dir=None):
                 emit("lifecycle/memory", {**config, "distinct_ids": stream.distinct},
                      memory[-1], "MB", ps.peak_rss_mb())
             raw = DIM * 4 * 3
-            emit("lifecycle/bytes_per_row", {**config, "raw_bytes": raw},
+            emit("lifecycle/growth_per_row", {**config, "raw_bytes": raw},
                  (memory[-1] - start_mb) * 2**20 / BUDGET - raw, "B beyond raw",
                  ps.peak_rss_mb())
             emit("lifecycle/memory_flat", {**config, "distinct_ids": marks[-1],
@@ -122,6 +142,11 @@ def run(quick, work_dir=None):
                  peer_value=memory[0])
         finally:
             client.close()
+    twice = _growth(2 * BUDGET, 2 * marks[0], grads)
+    emit("lifecycle/bytes_per_row", {**config, "raw_bytes": raw, "peer_budget_rows": 2 * BUDGET,
+                                     "growth_mb": round(memory[0] - start_mb, 1),
+                                     "peer_growth_mb": round(twice, 1)},
+         (twice - (memory[0] - start_mb)) * 2**20 / BUDGET - raw, "B beyond raw", None)
     with ChildServer("bench.embedding_rows") as ps:
         client = _start(ps, 0)
         try:
