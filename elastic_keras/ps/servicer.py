@@ -147,6 +147,7 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         self._checkpoint_dir = checkpoint_dir
         self._first_push_accepted = False
         self._last_save = (None, None)  # (request, response) of the last SaveCheckpoint
+        self._warned_tables = set()  # tables whose kept policy was logged
 
     def InitModel(self, request, context):
         if request.HasField("worker_id"):
@@ -162,12 +163,27 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             for table in tables:
                 logger.info("Table %s (dim %d): %s", table.name, table.dim,
                             self._parameters.lifecycle.of_table(table).describe())
+        else:
+            self._warn_of_kept_lifecycles(tables)
         return pserver_pb2.InitModelResponse(
             initialized_now=result.initialized_now, model_version=result.model_version,
             applied_sequence=(self._parameters.applied_sequence(request.worker_id,
                                                                 _launch(context))
                               if request.HasField("worker_id") else 0),
         )
+
+    def _warn_of_kept_lifecycles(self, tables):
+        """Logs, once a table, where InitModel asks a held table (restored from a checkpoint)
+        for another admission or eviction policy than it keeps."""
+        held = self._parameters.table_lifecycles
+        for table in tables:
+            asked = self._parameters.lifecycle.of_table(table)
+            kept = held.get(table.name)
+            if kept is not None and kept != asked and table.name not in self._warned_tables:
+                self._warned_tables.add(table.name)
+                logger.warning("Table %s keeps the policy it was restored with (%s), not the "
+                               "one now asked for (%s): a table's policy is set when it is "
+                               "first created", table.name, kept.describe(), asked.describe())
 
     def _pull(self, request, context):
         """(PullResult, its tensors encoded for the wire)."""

@@ -21,6 +21,14 @@ class SnapshotMixin:
     `_round`, `_require_model`, `_close_round` and `_with_set_rate`.
     """
 
+    @property
+    def table_lifecycles(self):
+        """`{table: Lifecycle}` of the tables held; a restored shard holds its checkpoint's
+        (InitModel keeps a model it holds). Empty without a model."""
+        with self._lock:
+            return {name: t.lifecycle for name, t in self._model.tables.items()} if (
+                self._model) else {}
+
     def restore(self, snapshot):
         """Initialises this empty shard from a `Snapshot`, as InitModel then pushes would.
 

@@ -352,6 +352,33 @@ def test_over_grpc_a_tables_own_admission_holds_and_inference_pulls_change_nothi
         server.stop(0)
 
 
+def test_a_restored_table_keeps_its_policy_and_says_so_when_asked_for_another(
+        tmp_path, caplog):
+    from elastic_keras.common import rpc
+    from elastic_keras.common.ps_client import PSClient
+    from elastic_keras.proto import pserver_pb2
+    from elastic_keras.ps.servicer import PServerServicer, add_to_server
+
+    save(tmp_path, [trained_shard(EmbeddingLifecycle())])
+    params = Parameters(lifecycle=ShardLifecycle(EmbeddingLifecycle()))
+    params.restore(load_shards(str(tmp_path), 0, 1))
+    servicer = PServerServicer(params)
+    server, port = rpc.create_server([lambda s: add_to_server(servicer, s)])
+    client = PSClient([f"127.0.0.1:{port}"], deadline_s=30)
+    spec = pserver_pb2.EmbeddingTableSpec(name="emb", dim=4, initializer="uniform",
+                                          max_rows=50)
+    try:
+        with caplog.at_level("WARNING", logger="elastic_keras.ps.servicer"):
+            for _ in range(3):  # as each worker's InitModel does
+                client.init_model({}, sgd_config(), [spec])
+    finally:
+        client.close()
+        server.stop(0)
+    warnings = [r.getMessage() for r in caplog.records if "keeps the policy" in r.getMessage()]
+    assert len(warnings) == 1 and "400" in warnings[0] and "50" in warnings[0], warnings
+    assert params.table_lifecycles["emb"].max_rows == 400
+
+
 class FakeTime:
     def __init__(self):
         self.now = 1000.0
