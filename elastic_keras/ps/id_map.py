@@ -268,10 +268,11 @@ class IdMap:
     def _reserve(self, size):
         """Makes room for `size` ids, with the entries of removed ids, within `MAX_LOAD`:
         rebuilds the map (which drops those entries), at twice `size` (at most room for
-        `most`) where the map is too small for that. Returns whether it rebuilt."""
+        `most`, unless `size` is past it) where the map is too small for that. Returns
+        whether it rebuilt."""
         if size + self._removed <= self.capacity * MAX_LOAD:
             return False
-        wanted = 2 * size if not self._most else max(size, min(2 * size, self._most))
+        wanted = 2 * size if not self._most or size > self._most else min(2 * size, self._most)
         occupied = np.flatnonzero(self._entries[:, 1] >= 0)
         keys, slots = self._entries[occupied, 0], self._entries[occupied, 1]
         del occupied

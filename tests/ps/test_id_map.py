@@ -172,3 +172,13 @@ def test_bytes_per_entry_stay_bounded():
         # int64 key + int64 slot = 16 bytes an entry (and one more entry), at a load between
         # SIZED_LOAD / 2 (just grown to twice what it held) and MAX_LOAD.
         assert 16 / MAX_LOAD <= ids.nbytes / len(ids) <= 2 * 16 / SIZED_LOAD + 32 / len(ids)
+
+
+def test_a_map_held_past_its_bound_grows_by_doubling_not_one_batch_at_a_time():
+    ids, rehashes = IdMap(most=100), []
+    allocate = ids._allocate
+    ids._allocate = lambda capacity: (rehashes.append(capacity), allocate(capacity))
+    for start in range(0, 20_000, 100):  # a budget below what the caller inserts
+        ids.insert(np.arange(start, start + 100))
+    assert len(ids) == 20_000 and len(rehashes) <= 10, rehashes
+    np.testing.assert_array_equal(ids.lookup(np.arange(20_000)), np.arange(20_000))
