@@ -30,11 +30,11 @@ def sample_features(spec, shard_path, index_cache_dir="", num_records=2):
         return _declared_inputs(spec, num_records)
     reader = open_reader(shard_path, index_cache_dir)
     records = list(reader.read(0, min(num_records, reader.num_records)))
-    dataset = spec.dataset_fn(
+    dataset = spec.minibatches(
         tf.data.Dataset.from_tensor_slices(tf.constant(records, dtype=tf.string)),
-        Mode.TRAINING, reader.metadata,
+        Mode.TRAINING, reader.metadata, len(records),
     )
-    element = next(iter(dataset.batch(len(records))))
+    element = next(iter(dataset))
     return element[0] if isinstance(element, tuple) else element
 
 

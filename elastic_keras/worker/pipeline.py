@@ -1,5 +1,6 @@
-"""A worker's input pipeline: records of a file through the module's `dataset_fn`, in
-minibatches, and the record to blame when `dataset_fn` cannot parse one.
+"""A worker's input pipeline: records of a file through the module's `dataset_fn` (or, where
+it defines one, its `batch_dataset_fn`: see `ModelSpec.minibatches`), in minibatches, and the
+record to blame when they cannot parse one.
 
 Applying `dataset_fn` to a new dataset per task would trace its map functions again for
 every task: for the MNIST zoo module about 0.1 s a task, a tenth of a task's training on
@@ -27,17 +28,17 @@ from elastic_keras.common.errors import DataError
 
 
 class RecordPipeline:
-    """The module's `dataset_fn` applied once to the records of one file, in one mode.
+    """The module's input function applied once to the records of one file, in one mode.
 
     Args:
-        spec: the `ModelSpec`; its `apply_dataset_fn` checks what `dataset_fn` returns.
+        spec: the `ModelSpec`; its `minibatches` checks what the input function returns.
         mode: a `Mode`.
         reader: the file's `RecordReader`.
         minibatch_size: records per minibatch.
 
     Raises:
-        ModelSpecError: `dataset_fn` returned no dataset, or (training, evaluation) one whose
-            elements are not `(features, labels)` pairs.
+        ModelSpecError: the input function returned no dataset, or (training, evaluation)
+            one whose elements are not `(features, labels)` pairs.
     """
 
     def __init__(self, spec, mode, reader, minibatch_size):
@@ -46,8 +47,9 @@ class RecordPipeline:
                                     trainable=False)
         records = tf.data.Dataset.from_tensors(0).flat_map(
             lambda _: tf.data.Dataset.from_tensor_slices(self._records.read_value()))
-        self._dataset = spec.apply_dataset_fn(records, mode, reader.metadata).batch(
-            minibatch_size).prefetch(tf.data.AUTOTUNE)
+        self._dataset = spec.minibatches(records, mode, reader.metadata,
+                                         minibatch_size).prefetch(tf.data.AUTOTUNE)
+        self._parser = "batch_dataset_fn" if spec.batch_dataset_fn else "dataset_fn"
 
     def batches(self, records):
         """An iterator of the minibatches of `records` (serialized records, as bytes); use
@@ -74,10 +76,10 @@ class RecordPipeline:
                 next(self.batches([record]), None)
             except tf.errors.OpError as exc:
                 where = self._reader.describe_record(first + offset)
-                return DataError(f"The module's dataset_fn cannot parse {where}: "
+                return DataError(f"The module's {self._parser} cannot parse {where}: "
                                  f"{_first_line(exc)}. Received: {bytes(record)[:200]!r}")
         return DataError(
-            f"The module's dataset_fn failed on records [{first}, {first + len(records)}) of "
+            f"The module's {self._parser} failed on records [{first}, {first + len(records)}) of "
             f"{self._reader.path}: {complaint}"
         )
 

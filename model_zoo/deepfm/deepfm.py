@@ -96,27 +96,30 @@ def optimizer():
     return keras.optimizers.Adam(learning_rate=0.002)
 
 
-def dataset_fn(dataset, mode, metadata):
-    """Parses each `tf.train.Example` into `{"dense", "cat"}` (and the label unless predicting).
+def batch_dataset_fn(dataset, mode, metadata):
+    """Parses each minibatch of `tf.train.Example`s at once into `{"dense", "cat"}` (and the
+    labels unless predicting): one `tf.io.parse_example` per minibatch, which runs an order of
+    magnitude faster than parsing each record on its own.
 
     Args:
-        dataset: a `tf.data.Dataset` of serialized `tf.train.Example`s, one per element.
+        dataset: a `tf.data.Dataset` of minibatches of serialized `tf.train.Example`s (1-D
+            string tensors).
         mode: `"training"`, `"evaluation"` or `"prediction"`.
         metadata: the record file's metadata (unused).
 
     Returns:
-        A dataset of `(features, label)` pairs (the label of shape `[1]`, like the model's
-        output), or of features alone when predicting.
+        A dataset of `(features, labels)` minibatches (labels of shape `[batch, 1]`, like the
+        model's output), or of features alone when predicting.
     """
     del metadata
     spec = _FEATURES if mode == "prediction" else {**_FEATURES, **_LABEL}
 
-    def parse(record):
-        example = tf.io.parse_single_example(record, spec)
-        features = {"dense": example["dense"], "cat": example["cat"]}
+    def parse(records):
+        examples = tf.io.parse_example(records, spec)
+        features = {"dense": examples["dense"], "cat": examples["cat"]}
         if mode == "prediction":
             return features
-        return features, tf.reshape(example["label"], [1])
+        return features, tf.reshape(examples["label"], [-1, 1])
 
     return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 

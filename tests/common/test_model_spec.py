@@ -1,6 +1,8 @@
 """Tests of checking model-zoo modules against the contract (elastic_keras.common.model_spec);
 importing them is tested in test_module_loader."""
 
+import dataclasses
+
 import keras
 import pytest
 
@@ -102,7 +104,8 @@ def test_loads_the_example_zoo_both_ways():
         ("custom_model", "`custom_model()`"),
         ("loss", "`loss(labels, predictions)`"),
         ("optimizer", "`optimizer()`"),
-        ("dataset_fn", "`dataset_fn(dataset, mode, metadata)` (or its alias `feed`)"),
+        ("dataset_fn", "`dataset_fn(dataset, mode, metadata)` (or its alias `feed`, or "
+                       "`batch_dataset_fn(dataset, mode, metadata)`)"),
     ],
 )
 def test_a_missing_required_name(tmp_path, name, shown):
@@ -144,6 +147,33 @@ def test_feed_is_an_alias_of_dataset_fn(tmp_path):
 def test_dataset_fn_wins_over_feed(tmp_path):
     module = write_module(tmp_path, extra="def feed(dataset, mode, metadata):\n    return 1\n")
     assert load_model_spec(str(tmp_path), module).dataset_fn.__name__ == "dataset_fn"
+
+
+BATCH_PARSER = "def batch_dataset_fn(dataset, mode, metadata):\n    return dataset\n"
+
+
+def test_batch_dataset_fn_alone_is_enough(tmp_path):
+    module = write_module(tmp_path, dataset_fn=BATCH_PARSER)
+    spec = load_model_spec(str(tmp_path), module)
+    assert spec.dataset_fn is None
+    assert spec.batch_dataset_fn.__name__ == "batch_dataset_fn"
+
+
+def test_a_module_may_define_both_input_functions(tmp_path):
+    spec = load_model_spec(str(tmp_path), write_module(tmp_path, extra=BATCH_PARSER))
+    assert spec.dataset_fn.__name__ == "dataset_fn"
+    assert spec.batch_dataset_fn.__name__ == "batch_dataset_fn"
+
+
+def test_an_unusable_batch_dataset_fn(tmp_path):
+    module = write_module(tmp_path, extra="batch_dataset_fn = 2\n")
+    with pytest.raises(ModelSpecError, match=r"callable `batch_dataset_fn\(dataset, mode, "
+                                             r"metadata\)`. Received: batch_dataset_fn = 2"):
+        load_model_spec(str(tmp_path), module)
+    module = write_module(tmp_path, dataset_fn="def batch_dataset_fn(dataset):\n    pass\n")
+    with pytest.raises(ModelSpecError, match=r"callable with 3 positional arguments. "
+                                             r"Received: batch_dataset_fn\(dataset\)"):
+        load_model_spec(str(tmp_path), module)
 
 
 def test_a_feed_that_is_not_callable(tmp_path):
@@ -319,3 +349,56 @@ def test_check_loss_takes_scalars_and_refuses_tensors_with_their_shape():
             spec.check_loss(loss)
         assert "`loss(labels, predictions)` must return a scalar" in str(info.value)
         assert str(info.value).endswith(f"Received: a tensor of shape {shape}")
+
+
+def _records(n):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices([str(i).encode() for i in range(n)])
+
+
+def _parse_one(dataset, mode, metadata):
+    import tensorflow as tf
+
+    return dataset.map(lambda r: (tf.strings.to_number(r), tf.strings.length(r)))
+
+
+def test_minibatches_batch_what_dataset_fn_parses_one_record_at_a_time():
+    spec = _spec(_parse_one)
+    batches = [x.numpy().tolist() for x, _ in spec.minibatches(_records(5), Mode.TRAINING,
+                                                                None, 2)]
+    assert batches == [[0.0, 1.0], [2.0, 3.0], [4.0]]
+
+
+def test_minibatches_hand_batch_dataset_fn_whole_minibatches_of_records():
+    import tensorflow as tf
+
+    seen = []
+
+    def parse_batch(dataset, mode, metadata):
+        seen.append((dataset.element_spec, mode))
+        return dataset.map(lambda r: (tf.strings.to_number(r), tf.strings.length(r)))
+
+    spec = dataclasses.replace(_spec(None), batch_dataset_fn=parse_batch)
+    batches = [x.numpy().tolist() for x, _ in spec.minibatches(_records(5), Mode.TRAINING,
+                                                                None, 2)]
+    assert batches == [[0.0, 1.0], [2.0, 3.0], [4.0]]
+    assert seen == [(tf.TensorSpec([None], tf.string), "training")]
+    both = dataclasses.replace(_spec(_parse_one), batch_dataset_fn=parse_batch)
+    both.minibatches(_records(5), Mode.EVALUATION, None, 2)
+    assert len(seen) == 2  # with both, the batched one is used
+
+
+@pytest.mark.parametrize("returned, received", [
+    (lambda d: d.unbatch().map(lambda r: (r, r)),
+     "Received: a dataset whose elements hold a scalar (TensorSpec(shape=(), "),
+    (lambda d: d, "must return a dataset of (features, labels) pairs"),
+    (lambda d: 7, "must return a tf.data.Dataset. Received: 7 (int)"),
+])
+def test_minibatches_name_what_batch_dataset_fn_yields(returned, received):
+    spec = dataclasses.replace(_spec(None), batch_dataset_fn=lambda d, mode, m: returned(d))
+    with pytest.raises(ModelSpecError) as info:
+        spec.minibatches(_records(3), Mode.TRAINING, None, 2)
+    assert str(info.value).startswith(
+        "Model module 'm': `batch_dataset_fn(dataset, mode='training', metadata)` must ")
+    assert received in str(info.value)

@@ -73,10 +73,13 @@ def test_generator_writes_criteo_shaped_examples(tmp_path):
     spec = load_model_spec(ZOO, "deepfm.deepfm")
     reader = open_reader(files[0])
     records = tf.constant(list(reader.read(0, reader.num_records)))
-    features, labels = next(iter(spec.dataset_fn(
-        tf.data.Dataset.from_tensor_slices(records), Mode.TRAINING, reader.metadata).batch(5000)))
+    features, labels = next(iter(spec.minibatches(
+        tf.data.Dataset.from_tensor_slices(records), Mode.TRAINING, reader.metadata, 5000)))
     assert features["dense"].shape == (1_500, 13) and features["cat"].shape == (1_500, 26)
     assert labels.shape == (1_500, 1)
+    predicted = next(iter(spec.minibatches(
+        tf.data.Dataset.from_tensor_slices(records), Mode.PREDICTION, reader.metadata, 7)))
+    np.testing.assert_array_equal(predicted["cat"], features["cat"][:7])
     cat = features["cat"].numpy()
     # Each field's ids are hashes of its own values: no id is shared by two fields.
     per_field = [set(cat[:, f].tolist()) for f in range(26)]
