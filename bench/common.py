@@ -36,6 +36,16 @@ def _rounded(value, digits=1):
     return None if value is None else round(value, digits)
 
 
+def minibatches(module, records, batch, mode="training"):
+    """Minibatches of `records` (a dataset of serialized records) through a model module's
+    input function, as a worker reads them (`ModelSpec.minibatches`): its `batch_dataset_fn`
+    over minibatches of records where it has one, else its `dataset_fn`, batched."""
+    parse = getattr(module, "batch_dataset_fn", None)
+    if parse is not None:
+        return parse(records.batch(batch), mode, None)
+    return module.dataset_fn(records, mode, None).batch(batch)
+
+
 def emit(name, config, value, unit, peak_rss_mb, peer=None, peer_value=None, error=None):
     """Prints one result as a JSON line.
 

@@ -4,19 +4,21 @@ against plain Keras 3 `fit`.
 Data: a synthetic click log (`model_zoo.deepfm.generate`, Criteo-shaped: 13 counts, 26
 categorical ids per example, 10,000 values per field with Zipf popularity, so 260,000
 distinct ids). Model: `bench/models/deepfm_hashed.py`, whose ids are hashed into two tables of
-`rows` rows (`fm_linear`, dim 1; `fm_factors`, dim 16), for 1M and 10M rows; batch 512;
-Adam (learning rate 0.002). Sides:
+`rows` rows (`fm_linear`, dim 1; `fm_factors`, dim 16), for 1M and 10M rows; batch 512.
+Every comparison runs twice, with Adagrad (learning rate 0.05) and with Adam (0.002), the
+line's `config.optimizer`. Sides:
 
 - `elastic_keras`: a job with 2 workers and 1 or 2 PS (asynchronous, default transfer
   settings, no export); the tables live on the PS, a row created on first use; the PS's
-  Adam updates the rows a batch touches (and their slots);
+  optimizer updates the rows a batch touches (and their slots);
 - `pss`: `bench.pss` with the same worker and PS counts (plus its chief), the tf_keras
   rebuild of the model, each table sharded over the PS by the `MinSizePartitioner`;
-  tf_keras's Adam applies an embedding gradient by decaying both slots of every row and
-  updating every row, on the PS, at each step (`tf_keras.optimizers.Adam.update_step`);
+  tf_keras's Adagrad updates only the rows a batch touches, as ours does (the peer's best
+  case), while its Adam decays both slots of every row and updates every row, on the PS,
+  at each step (`tf_keras.optimizers.Adam.update_step`);
 - `keras_fit`: `model.fit` of the Keras 3 model with plain `keras.layers.Embedding` tables
-  in one process; Keras 3's Adam updates every row of both tables (and their slots) at each
-  step.
+  in one process; Keras 3's Adam updates every row of both tables (and their slots) at
+  each step.
 
 Figures are examples/s from the first step (tracing included) to the last; steps of
 `batch` records, as many examples on every side. Against `fit` over 1M rows, both sides make
@@ -42,11 +44,14 @@ import time
 
 from bench import pss
 from bench.common import (
-    ROOT, SHARED_DATA, attempt, emit, epoch_seconds, errors, peak_rss_mb, run_child, run_side,
-    side_times, steady_rate,
+    ROOT, SHARED_DATA, attempt, emit, epoch_seconds, errors, minibatches, peak_rss_mb,
+    run_child, run_side, side_times, steady_rate,
 )
 
 BATCH = 512
+# Adagrad first: TensorFlow applies it sparsely, the peers' best case; Adam's slots decay on
+# every row of the peers' tables at every step.
+OPTIMIZERS = ("adagrad", "adam")
 WORKERS = 2
 VOCAB_SIZE = 10_000  # the generator's default
 MODEL_DEF = "bench.models.deepfm_hashed"
@@ -83,8 +88,8 @@ def fit_side(data, rows, records, epochs):
     from bench.models import deepfm_hashed
 
     files = sorted(str(p) for p in pathlib.Path(data).glob("*.tfrecord"))
-    dataset = deepfm_hashed.dataset_fn(tf.data.TFRecordDataset(files), "training", None)
-    dataset = dataset.batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    dataset = minibatches(deepfm_hashed, tf.data.TFRecordDataset(files), BATCH).prefetch(
+        tf.data.AUTOTUNE)
     model = deepfm_hashed.build_model(rows, plain=True)
     model.compile(optimizer=deepfm_hashed.optimizer(), loss=deepfm_hashed.loss)
     ends = []
@@ -144,20 +149,24 @@ def census_side(epochs):
                           "accuracy": metrics["accuracy"]}))
 
 
-def compare(data, rows, records, ps_counts, epochs):
-    """Runs every side for one table size; emits a line per comparison.
+def compare(data, rows, records, ps_counts, epochs, optimizer):
+    """Runs every side for one table size and optimizer (a name of
+    `deepfm_hashed.OPTIMIZERS`); emits a line per comparison.
 
     Against `fit`, over `epochs` passes (`sparse/deepfm`) and, with 2 or more, over the
     passes after the first (`sparse/deepfm/steady`); against the strategy, which runs one
     pass, elastic_keras's first pass.
     """
+    from bench.models.deepfm_hashed import OPTIMIZER_VARIABLE
+
+    os.environ[OPTIMIZER_VARIABLE] = optimizer  # read by every side's model module
     files = sorted(data.glob("*.tfrecord"))
     steps = records // BATCH
     fit, fit_error = run_side(f"keras fit deepfm {rows} rows", run_child, "bench.deepfm",
                               "fit", data, rows, records, epochs)
     for ps in ps_counts:
         config = {"rows": rows, "dim": 16, "batch": BATCH, "workers": WORKERS, "ps": ps,
-                  "records": records, "vocab_per_field": VOCAB_SIZE, "optimizer": "adam"}
+                  "records": records, "vocab_per_field": VOCAB_SIZE, "optimizer": optimizer}
         ours, error = run_side(f"elastic_keras deepfm {rows} rows {ps} ps", run_child,
                                "bench.deepfm", "elastic", data, rows, ps, epochs)
         peer, peer_error = run_side(f"pss deepfm {rows} rows {ps} ps", pss.train, "deepfm",
@@ -193,7 +202,8 @@ def run(quick, work_dir):
         if error:
             emit("sparse/deepfm", {"rows": rows}, None, "examples/s", None, error=error)
             continue
-        compare(data, rows, records, ps_counts, epochs)
+        for optimizer in OPTIMIZERS:
+            compare(data, rows, records, ps_counts, epochs, optimizer)
 
 
 def census():

@@ -66,9 +66,9 @@ def fit_side(records, model, batch, epochs):
     spec = load_model_spec(*MODELS[model])
     shards = list_shards(str(records / "train"))
     metadata = open_reader(shards[0].path).metadata
-    dataset = spec.dataset_fn(
-        tf.data.TFRecordDataset([s.path for s in shards]), Mode.TRAINING, metadata
-    ).batch(batch).prefetch(tf.data.AUTOTUNE)
+    dataset = spec.minibatches(
+        tf.data.TFRecordDataset([s.path for s in shards]), Mode.TRAINING, metadata, batch
+    ).prefetch(tf.data.AUTOTUNE)
     keras_model = spec.custom_model()
     keras_model.compile(optimizer=spec.optimizer(), loss=spec.loss)
     records = sum(s.num_records for s in shards)

@@ -8,9 +8,9 @@
   hands out tasks but runs no training step): `ParameterServerStrategy` with a
   `MinSizePartitioner` over the PS (a table larger than 256 KB is split into one shard per
   PS; smaller variables go whole to one PS, round-robin), tf_keras `model.fit` on a
-  `DatasetCreator`: each worker reads the records through the Keras 3 module's own
-  `dataset_fn`, batches them, and runs the steps the coordinator schedules, reading and
-  updating the variables on the PS. `steps_per_execution` is the largest divisor of `steps`
+  `DatasetCreator`: each worker reads the records through the Keras 3 module's own input
+  function, in minibatches as elastic_keras's workers do, and runs the steps the coordinator
+  schedules, reading and updating the variables on the PS. `steps_per_execution` is the largest divisor of `steps`
   up to 10, as TensorFlow's guide to the strategy recommends (fewer round trips from the
   chief; every step still reads and updates the variables on the PS).
 
@@ -110,9 +110,8 @@ def chief(cluster, spec):
                       steps_per_execution=per_execution)
 
     def dataset_fn(input_context):
-        records = tf.data.TFRecordDataset(spec["files"])
-        dataset = model_spec.dataset_fn(records, "training", None)
-        return dataset.repeat().batch(spec["batch"]).prefetch(tf.data.AUTOTUNE)
+        records = tf.data.TFRecordDataset(spec["files"]).repeat()
+        return model_spec.minibatches(records, spec["batch"]).prefetch(tf.data.AUTOTUNE)
 
     started = time.perf_counter()
     model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1,

@@ -4,7 +4,8 @@ Keras 3 does not run under `tf.distribute.experimental.ParameterServerStrategy`,
 strategy's side of a comparison builds each architecture again from tf_keras (Keras 2)
 layers: the same layers, sizes, initializers, loss and optimizer (with its hyperparameters)
 as the Keras 3 module the other side trains, and the same input pipeline (the module's own
-`dataset_fn`, plain TensorFlow). `MODELS[name]` gives a `PSSModel`:
+input function, plain TensorFlow, as a worker applies it: `bench.common.minibatches`).
+`MODELS[name]` gives a `PSSModel`:
 
 - `mnist_cnn`: `model_zoo/mnist/mnist_functional.py`;
 - `mnist_mlp`: `bench/models/mnist_mlp.py`;
@@ -24,13 +25,14 @@ class PSSModel:
         build: `build(rows) -> tf_keras.Model` (`rows` is ignored by the dense models).
         loss: `loss() -> tf_keras loss` with the Keras 3 module's reduction (the mean).
         optimizer: `optimizer() -> tf_keras optimizer`, the module's class and settings.
-        dataset_fn: the Keras 3 module's `dataset_fn` (plain TensorFlow).
+        minibatches: `minibatches(records, batch)`: minibatches of a dataset of serialized
+            records through the Keras 3 module's input function (plain TensorFlow).
     """
 
     build: typing.Callable
     loss: typing.Callable
     optimizer: typing.Callable
-    dataset_fn: typing.Callable
+    minibatches: typing.Callable
 
 
 def _mnist_cnn(rows=None):
@@ -115,20 +117,33 @@ def _adam(learning_rate):
     return make
 
 
-def _dataset_fn(module):
-    def dataset_fn(dataset, mode, metadata):
+def _deepfm_optimizer():
+    """The optimizer `BENCH_OPTIMIZER` names, as the Keras 3 module builds it
+    (`deepfm_hashed.optimizer_choice`)."""
+    import tf_keras as k
+
+    from bench.models.deepfm_hashed import optimizer_choice
+
+    name, learning_rate = optimizer_choice()
+    return getattr(k.optimizers, name)(learning_rate=learning_rate)
+
+
+def _minibatches(module):
+    def minibatches(records, batch):
         import importlib
 
-        return importlib.import_module(module).dataset_fn(dataset, mode, metadata)
+        from bench.common import minibatches
 
-    return dataset_fn
+        return minibatches(importlib.import_module(module), records, batch)
+
+    return minibatches
 
 
 MODELS = {
     "mnist_cnn": PSSModel(_mnist_cnn, _sparse_categorical_loss, _adam(0.001),
-                          _dataset_fn("model_zoo.mnist.mnist_functional")),
+                          _minibatches("model_zoo.mnist.mnist_functional")),
     "mnist_mlp": PSSModel(_mnist_mlp, _sparse_categorical_loss, _adam(0.001),
-                          _dataset_fn("model_zoo.mnist.mnist_functional")),
-    "deepfm": PSSModel(_deepfm, _binary_loss, _adam(0.002),
-                       _dataset_fn("model_zoo.deepfm.deepfm")),
+                          _minibatches("model_zoo.mnist.mnist_functional")),
+    "deepfm": PSSModel(_deepfm, _binary_loss, _deepfm_optimizer,
+                       _minibatches("model_zoo.deepfm.deepfm")),
 }

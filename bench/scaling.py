@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from bench.common import ROOT, ChildServer, attempt, emit, peak_rss_mb, run_child
+from bench.common import ROOT, ChildServer, attempt, emit, minibatches, peak_rss_mb, run_child
 
 FILL_BATCH = 65_536
 BATCH = 512
@@ -43,8 +43,8 @@ def _batches(data, count):
     from bench.models import deepfm_hashed
 
     files = sorted(str(p) for p in data.glob("*.tfrecord"))
-    dataset = deepfm_hashed.dataset_fn(tf.data.TFRecordDataset(files), "training", None)
-    return list(dataset.repeat().batch(BATCH).take(count))
+    records = tf.data.TFRecordDataset(files).repeat()
+    return list(minibatches(deepfm_hashed, records, BATCH).take(count))
 
 
 def _train(trainer, batches):

@@ -11,8 +11,11 @@ TensorFlow must. Records, loss (binary cross-entropy), optimizer (Adam, learning
 used. `build_model(rows, plain=True)` builds the same model with `keras.layers.Embedding`
 tables, for plain Keras `fit`. The number of rows is read from the environment variable
 `BENCH_TABLE_ROWS` (default 1,000,000), so that every role of a job builds the same model.
-`BENCH_OPTIMIZER=sgd` swaps the optimizer for SGD (learning rate 0.05), which keeps no
-per-row slots: what lets a 100M-row table fit a 23 GB machine (`bench.scaling`).
+`BENCH_OPTIMIZER` picks the optimizer by name (`OPTIMIZERS`): `adam` (the zoo module's, the
+default), `adagrad` (learning rate 0.05; TensorFlow applies it sparsely too, so the peers
+update only the rows a batch touches) or `sgd` (learning rate 0.05, no per-row slots: what
+lets a 100M-row table fit a 23 GB machine, `bench.scaling`). The tf_keras rebuild for
+ParameterServerStrategy (`bench.pss_models`) reads the same variable.
 """
 
 import os
@@ -22,14 +25,16 @@ import tensorflow as tf
 
 from elastic_keras.layers import Embedding
 from model_zoo.deepfm.deepfm import (  # noqa: F401 (the contract's other names)
-    FACTOR_DIM, NUM_DENSE, NUM_FIELDS, FactorInteractions, LogCounts, dataset_fn,
+    FACTOR_DIM, NUM_DENSE, NUM_FIELDS, FactorInteractions, LogCounts, batch_dataset_fn,
     eval_metrics_fn, loss,
 )
-from model_zoo.deepfm.deepfm import optimizer as zoo_optimizer
 
 ROWS_VARIABLE = "BENCH_TABLE_ROWS"
 OPTIMIZER_VARIABLE = "BENCH_OPTIMIZER"
 DEFAULT_ROWS = 1_000_000
+# name -> (class in keras.optimizers and tf_keras.optimizers, learning rate); "adam" is
+# the zoo module's optimizer.
+OPTIMIZERS = {"adam": ("Adam", 0.002), "adagrad": ("Adagrad", 0.05), "sgd": ("SGD", 0.05)}
 FACTOR_STDDEV = 0.01
 
 
@@ -93,8 +98,20 @@ def custom_model():
     return build_model(table_rows())
 
 
+def optimizer_choice():
+    """(class name, learning rate) of the optimizer `BENCH_OPTIMIZER` names.
+
+    Raises:
+        ValueError: it names none of `OPTIMIZERS`.
+    """
+    name = os.environ.get(OPTIMIZER_VARIABLE, "adam")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"{OPTIMIZER_VARIABLE} must be one of {sorted(OPTIMIZERS)}. "
+                         f"Received: {name!r}")
+    return OPTIMIZERS[name]
+
+
 def optimizer():
-    """The zoo module's Adam, or SGD when `BENCH_OPTIMIZER` is "sgd"."""
-    if os.environ.get(OPTIMIZER_VARIABLE, "adam") == "sgd":
-        return keras.optimizers.SGD(learning_rate=0.05)
-    return zoo_optimizer()
+    """The optimizer `BENCH_OPTIMIZER` names (default: Adam, as the zoo module's)."""
+    name, learning_rate = optimizer_choice()
+    return getattr(keras.optimizers, name)(learning_rate=learning_rate)
