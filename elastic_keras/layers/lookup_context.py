@@ -170,8 +170,10 @@ def merge_row_gradients(looked_up, grads):
             record whose rows do not reach the loss; it is skipped).
 
     Returns:
-        `{table: (ids, grads)}` with `ids` distinct int64 ids (ascending) and `grads` of shape
-        `[len(ids), dim]`: the sum of the gradients of each id over every record.
+        `{table: (ids, grads)}` with `ids` distinct int64 ids and `grads` of shape
+        `[len(ids), dim]`: the sum of the gradients of each id over every record. A table
+        looked up once keeps its record's ids and gradient as they are (its ids are distinct
+        already); one looked up more than once gets its ids ascending.
 
     Raises:
         ValueError: the two sequences differ in length, or a gradient does not have one row
@@ -184,6 +186,8 @@ def merge_row_gradients(looked_up, grads):
         ...     [np.ones((2, 2)), np.ones((1, 2))])["t"]
         >>> ids.tolist(), g.tolist()
         ([1, 3], [[2.0, 2.0], [1.0, 1.0]])
+        >>> merge_row_gradients([("t", np.array([3, 1]))], [np.ones((2, 2))])["t"][0].tolist()
+        [3, 1]
     """
     looked_up, grads = list(looked_up), list(grads)
     if len(looked_up) != len(grads):
@@ -201,6 +205,9 @@ def merge_row_gradients(looked_up, grads):
         parts.setdefault(table, []).append((ids, grad))
     merged = {}
     for table, pieces in parts.items():
+        if len(pieces) == 1:
+            merged[table] = pieces[0]
+            continue
         all_ids = np.concatenate([ids for ids, _ in pieces])
         all_grads = np.concatenate([grad for _, grad in pieces])
         unique, inverse = np.unique(all_ids, return_inverse=True)

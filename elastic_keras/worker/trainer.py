@@ -25,7 +25,6 @@ twice. A shard that comes back without a checkpoint holds no model; the worker t
 it its own copy of the dense variables (InitModel keeps the first offer).
 """
 
-import functools
 import json
 import logging
 import math
@@ -46,7 +45,8 @@ from elastic_keras.layers.lookup_context import (
 )
 from elastic_keras.layers.tables import ps_tables
 from elastic_keras.proto import pserver_pb2
-from elastic_keras.worker import strategies
+from elastic_keras.worker import steps, strategies
+from elastic_keras.worker.row_pulls import RowPulls
 from elastic_keras.worker.strategies import Computed, Minibatch, Pulled, Replica
 from elastic_keras.worker.variables import non_trainable_deltas, variable_options
 
@@ -102,6 +102,8 @@ class Trainer(Replica):
         self._fixed = {}
         self._tables = []
         self._looked_up = []  # (table, ...) of each lookup of the traced step, in order
+        self._row_pulls = RowPulls(lambda ids_by_table: self._through_outages(
+            "an embedding lookup", lambda: self._ps.pull_embeddings(ids_by_table)))
         self._versions = None
         self._incarnations = None  # of the shards the assigned values came from
         # Sequence numbers (one per minibatch) only grow, across restarts too: a relaunched
@@ -146,8 +148,8 @@ class Trainer(Replica):
             initial, *self._init_args, worker_id=self._worker_id))
         # Above any sequence a predecessor with this id had applied, whatever the clocks say.
         self._sequence = max(self._sequence, *(a.applied_sequence for a in answers))
-        self._train_step = _compile(self._train_step_fn, "training step")
-        self._forward = _compile(self._forward_fn, "forward pass")
+        self._train_step = steps.compile_step(self._train_step_fn, "training step")
+        self._forward = steps.compile_step(self._forward_fn, "forward pass")
         logger.info(
             "Model built: %d trainable and %d other dense variables (%d parameters); "
             "embedding tables on the parameter servers: %s",
@@ -199,11 +201,14 @@ class Trainer(Replica):
         logger.warning("Offered this worker's copy of the dense variables to a parameter "
                        "server that came back without a checkpoint")
 
-    def _lookup_rows(self, table, ids, read_only=False):
-        """Rows of `table` for unique `ids`, from the shards (called inside the step);
-        `read_only` (inference) creates no row and counts no sighting."""
+    def _lookup_rows(self, table, ids):
+        """Rows of `table` for unique `ids`, from the shards (called inside the step)."""
+        return self._row_pulls.rows(table, ids)
+
+    def _read_rows(self, table, ids):
+        """As `_lookup_rows`, for inference: creates no row and counts no sighting."""
         return self._through_outages("an embedding lookup", lambda: self._ps.pull_embeddings(
-            {table: ids}, read_only=read_only)[table])
+            {table: ids}, read_only=True)[table])
 
     # -- the Replica an update strategy works on -------------------------------------------
 
@@ -260,7 +265,10 @@ class Trainer(Replica):
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
         before = {name: v.numpy() for name, v in self._fixed.items()}
-        loss, grads, ids, row_grads = self._train_step(features, labels)
+        try:
+            loss, grads, ids, row_grads = self._train_step(features, labels)
+        finally:
+            self._row_pulls.end_step()
         self._spec.check_loss(self._loss_spec)  # as traced
         loss = float(loss)  # the one fetch of the loss, needed for the report anyway
         if not math.isfinite(loss):
@@ -276,7 +284,7 @@ class Trainer(Replica):
         )
         gradients, embedding_grads = self._prep.apply(gradients, embedding_grads)
         deltas = non_trainable_deltas(before, self._fixed)
-        bad = _not_finite({**gradients, **{t: g for t, (_, g) in embedding_grads.items()}},
+        bad = steps.not_finite({**gradients, **{t: g for t, (_, g) in embedding_grads.items()}},
                           deltas)
         if bad:  # a finite loss whose gradients overflowed: nothing of it may reach a shard
             for name, variable in self._fixed.items():
@@ -307,11 +315,10 @@ class Trainer(Replica):
         grads = tape.gradient(scaled, dense + [r.rows for r in context.records])
         self._looked_up = [r.table for r in context.records]  # at trace time: static
         return (loss, grads[:len(dense)], [r.unique_ids for r in context.records],
-                grads[len(dense):])
+                [steps.row_sums(g, r.rows) for g, r in zip(grads[len(dense):], context.records)])
 
     def _forward_fn(self, features):
-        with lookup_context(LookupContext(functools.partial(self._lookup_rows,
-                                                            read_only=True))):
+        with lookup_context(LookupContext(self._read_rows)):
             return self._model(features, training=False)
 
     # -- training and evaluation -----------------------------------------------------------
@@ -358,33 +365,3 @@ class Trainer(Replica):
         """The model's outputs for `features` (inference: `training=False`), as taken by
         the last `prepare` or pull."""
         return self._forward(features)
-
-
-def _compile(fn, what):
-    """`fn` as a tf.function, falling back to eager execution if it cannot be traced."""
-    compiled = tf.function(fn, reduce_retracing=True)
-    state = {"fn": compiled}
-
-    def call(*args):
-        try:
-            return state["fn"](*args)
-        except (TypeError, NotImplementedError, tf.errors.OperatorNotAllowedInGraphError) as exc:
-            if state["fn"] is not compiled:
-                raise
-            logger.warning("The %s cannot run as a tf.function (%s); running eagerly.",
-                           what, exc)
-            state["fn"] = fn
-            return fn(*args)
-
-    return call
-
-
-def _not_finite(gradients, deltas):
-    """The first of a step's gradients (arrays or `tf.IndexedSlices`) and deltas that holds
-    NaN or Inf, named ("gradient 'w'"), or ""."""
-    for kind, values in (("gradient", gradients), ("the change to", deltas)):
-        for name, value in values.items():
-            array = np.asarray(value.values if isinstance(value, tf.IndexedSlices) else value)
-            if array.dtype.kind == "f" and not np.isfinite(array).all():
-                return f"{kind} {name!r}"
-    return ""

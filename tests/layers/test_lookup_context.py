@@ -93,8 +93,19 @@ def test_merge_accepts_indexed_slices_and_skips_none():
                                  [slices, None])
     assert list(merged) == ["a"]
     ids, grads = merged["a"]
-    assert ids.tolist() == [2, 4]
-    np.testing.assert_allclose(grads, [[2.0], [4.0]])
+    assert ids.tolist() == [4, 2]  # one record: its ids, in its order
+    np.testing.assert_allclose(grads, [[4.0], [2.0]])
+
+
+def test_merge_keeps_a_table_looked_up_once_as_it_is():
+    ids = np.array([9, 3, 5])
+    grads = np.arange(6.0).reshape(3, 2)
+    merged = merge_row_gradients([("a", ids), ("b", np.array([3, 1])), ("b", np.array([1]))],
+                                 [grads, np.ones((2, 2)), np.ones((1, 2))])
+    assert merged["a"][0].tolist() == [9, 3, 5]  # no sort
+    assert np.shares_memory(merged["a"][0], ids) and merged["a"][1] is grads  # no copy
+    assert merged["b"][0].tolist() == [1, 3]
+    np.testing.assert_allclose(merged["b"][1], [[2, 2], [1, 1]])
 
 
 def test_merge_rejects_mismatched_lengths_and_shapes():

@@ -5,6 +5,8 @@ PS) and a small plain one (a dense variable) takes one step; the shard then tell
 worker sent it.
 """
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -32,9 +34,11 @@ class CountingParameters(Parameters):
     def __init__(self):
         super().__init__()
         self.pulled = {}
+        self.calls = []  # the tables of each PullEmbedding
 
     def pull_embeddings(self, ids_by_table, read_only=False):
         ids_by_table = tuple(ids_by_table)
+        self.calls.append(sorted(table for table, _ in ids_by_table))
         for table, ids in ids_by_table:
             self.pulled.setdefault(table, []).append(np.array(ids))
         return super().pull_embeddings(ids_by_table, read_only)
@@ -136,3 +140,30 @@ def test_a_second_step_pulls_new_ids_and_reuses_trained_rows(shard):
     # Lazy updates: the row of 5, not in the second batch, kept its value (and its slots).
     np.testing.assert_array_equal(after[5], before[5])
     assert np.any(after[6] != before[6])
+
+
+def _shared_ids_spec():
+    """DeepFM's shape: two tables looked up with the same ids."""
+    def model():
+        ids = keras.Input(shape=(3,), dtype="int64", name="ids")
+        linear = Embedding(1, combiner="sum", table="linear")(ids)
+        factors = keras.layers.Flatten()(Embedding(DIM, table="factors")(ids))
+        out = keras.layers.Dense(1)(keras.layers.Concatenate()([linear, factors]))
+        return keras.Model(ids, out)
+
+    return dataclasses.replace(_spec(), custom_model=model)
+
+
+def test_tables_looked_up_with_the_same_ids_are_pulled_in_one_call(shard):
+    parameters, client = shard
+    trainer = Trainer(_shared_ids_spec(), client, worker_id=0, strategy="async")
+    for batch in ([[1, 2, 2]], [[3, 1, 4]], [[3, 1, 4]]):
+        trainer.train_minibatch(tf.constant(batch, tf.int64), tf.constant([[1.0]]))
+    # The first step learns that they share ids; each step after pulls both in one call.
+    assert sorted(parameters.calls[:2]) == [["factors"], ["linear"]]
+    assert parameters.calls[2:] == [["factors", "linear"], ["factors", "linear"]]
+    assert [sorted(i.tolist()) for i in parameters.pulled["factors"]] == [[1, 2], [1, 3, 4],
+                                                                          [1, 3, 4]]
+    assert parameters.version == 3
+    for table in ("linear", "factors"):
+        assert sorted(_table_ids(parameters, table)[0].tolist()) == [1, 2, 3, 4]

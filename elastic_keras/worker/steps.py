@@ -1,0 +1,47 @@
+"""A worker's training and inference steps: compiled where they can be, and what they
+computed summed and checked before anything of it leaves the worker."""
+
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+logger = logging.getLogger(__name__)
+
+
+def compile_step(fn, what):
+    """`fn` as a tf.function, falling back to eager execution if it cannot be traced."""
+    compiled = tf.function(fn, reduce_retracing=True)
+    state = {"fn": compiled}
+
+    def call(*args):
+        try:
+            return state["fn"](*args)
+        except (TypeError, NotImplementedError, tf.errors.OperatorNotAllowedInGraphError) as exc:
+            if state["fn"] is not compiled:
+                raise
+            logger.warning("The %s cannot run as a tf.function (%s); running eagerly.",
+                           what, exc)
+            state["fn"] = fn
+            return fn(*args)
+
+    return call
+
+
+def row_sums(grad, rows):
+    """A lookup's row gradient as one summed row per looked-up id, in the step's graph: the
+    tape gives a gather's gradient as a row per use of an id (`tf.IndexedSlices`)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(rows)[0])
+    return grad
+
+
+def not_finite(gradients, deltas):
+    """The first of a step's gradients (arrays or `tf.IndexedSlices`) and deltas that holds
+    NaN or Inf, named ("gradient 'w'"), or ""."""
+    for kind, values in (("gradient", gradients), ("the change to", deltas)):
+        for name, value in values.items():
+            array = np.asarray(value.values if isinstance(value, tf.IndexedSlices) else value)
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                return f"{kind} {name!r}"
+    return ""
