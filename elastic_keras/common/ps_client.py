@@ -26,10 +26,10 @@ it is safe since its (worker, sequence) makes a shard apply it at most once.
 
 import time
 
-import grpc
 import numpy as np
 
 from elastic_keras.common import partition, rpc
+from elastic_keras.common.ps_control import ShardControl
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.proto import pserver_pb2
 
@@ -50,7 +50,7 @@ _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
                "SaveCheckpoint", "ReleaseCheckpoint", "LearningRate")
 
 
-class PSClient:
+class PSClient(ShardControl):
     """Calls the parameter-server shards at `addresses` (indexed by shard id).
 
     Args:
@@ -149,22 +149,42 @@ class PSClient:
                 calls.append((False, stub.PullDense.future(request)))
             else:
                 calls.append((True, stub.PullDenseStream(request)))
-        values, initialized, versions = {}, True, []
-        for shard, (streamed, call) in enumerate(calls):
+        answers = []
+        for streamed, call in calls:
             if streamed:
-                response, tensors = tensor_stream.read_pull(call)
+                answers.append(tensor_stream.read_pull(call))
             else:
                 response = call.result()
-                tensors = response.dense
-            shard_initialized, version = response.initialized, response.model_version
+                answers.append((response, response.dense))
+        return self._take_pulls(answers, [k == -1 for k in known], full_precision)
+
+    def _take_pulls(self, answers, whole, full_precision=False):
+        """`(initialized, versions, values)` of every shard's pull answer, `(response,
+        tensors)` in shard order; notes each shard's incarnation and the size of an answer
+        that holds every value (per shard in `whole`: all were asked for, or some came)."""
+        values, initialized, versions = {}, True, []
+        for shard, (response, tensors) in enumerate(answers):
             if response.initialized:
                 self._incarnations[shard] = response.incarnation
-            if tensors:
+            if response.initialized and (tensors or whole[shard]):
                 self._pull_bytes[(shard, full_precision)] = tensor_stream.payload_bytes(tensors)
             values.update(tensor_stream.decode_tensors(tensors))
-            initialized = initialized and shard_initialized
-            versions.append(version)
+            initialized = initialized and response.initialized
+            versions.append(response.model_version)
         return initialized, versions, values
+
+    def fuses_pulls(self):
+        """Whether a push to every shard may carry the next dense pull (`then_pull`): every
+        shard's last pull was small enough to come back unary, in the push's answer."""
+        return all(self._pull_unary(shard, False) for shard in range(self.num_ps))
+
+    def pulled(self, responses):
+        """What the `then_pull` of a push to every shard found, as `pull_dense` returns it,
+        or None when a shard did not answer one (the push was not fused)."""
+        if any(r is None or not r.HasField("pulled") for r in responses):
+            return None
+        return self._take_pulls([(r.pulled, r.pulled.dense) for r in responses],
+                                [True] * len(responses))
 
     def _pull_unary(self, shard, full_precision):
         """Whether a dense pull from `shard` goes unary (see the module's rule)."""
@@ -216,7 +236,7 @@ class PSClient:
         return result
 
     def push_gradients(self, worker_id, sequence, versions, gradients, deltas=None,
-                       embedding_grads=None, shards=None, incarnations=None):
+                       embedding_grads=None, shards=None, incarnations=None, then_pull=None):
         """Pushes a minibatch's gradients to the shards, in the transfer dtype, unary or
         streamed.
 
@@ -229,6 +249,9 @@ class PSClient:
             shards: the shards to push to (default: all); the others get nothing.
             incarnations: per shard, the incarnation `versions` were pulled from (default:
                 that of the last pull).
+            then_pull: per shard, a version the shard must reach: each shard then answers,
+                with its push, every dense value once it reaches it (see `pulled`). Only
+                where `fuses_pulls()`.
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
@@ -237,15 +260,8 @@ class PSClient:
         """
         shards = list(range(self.num_ps)) if shards is None else list(shards)
         incarnations = list(incarnations or self._incarnations)
-        grads = partition.split_dense(gradients, self.num_ps)
         deltas = partition.split_dense(deltas or {}, self.num_ps)
-        pairs = [list(grads[i].items()) for i in range(self.num_ps)]
-        for table, (ids, rows) in (embedding_grads or {}).items():
-            ids = np.asarray(ids, dtype=np.int64)
-            for shard, where in enumerate(self._split_ids(table, ids)):
-                if len(where):
-                    pairs[shard].append((table, tensor_codec.Slices(
-                        rows[where], ids[where], (0, rows.shape[1]))))
+        pairs = self._gradients_by_shard(gradients, embedding_grads or {})
         encoded = {i: self.transfer.encode(pairs[i]) for i in shards}
         responses = [None] * self.num_ps
         pause = HELD_RETRY_S
@@ -256,14 +272,11 @@ class PSClient:
                 header = dict(worker_id=worker_id, sequence=sequence, model_version=versions[i],
                               deltas=[tensor_codec.encode(n, v) for n, v in deltas[i].items()],
                               incarnation=incarnations[i])
-                if self._push_unary(tensors):
-                    request = pserver_pb2.PushGradientsRequest(
-                        gradients=[tensor_codec.to_message(t) for t in tensors], **header)
-                    calls[i] = stub.PushGradients.future(request)
-                else:
-                    parts = tensor_stream.push_parts(pserver_pb2.PushHeader(**header), tensors,
-                                                     self.transfer)
-                    calls[i] = stub.PushGradientsStream.future(parts)
+                if then_pull is not None:
+                    header["then_pull"] = pserver_pb2.PullDenseRequest(
+                        known_version=-1, min_version=then_pull[i],
+                        known_incarnation=self._incarnations[i])
+                calls[i] = self._push_call(stub, header, tensors)
             for i, call in calls.items():
                 responses[i] = call.result()
             shards = [i for i in shards if responses[i].held]
@@ -271,6 +284,28 @@ class PSClient:
                 time.sleep(pause)
                 pause = min(pause * 2, HELD_RETRY_MAX_S)
         return responses
+
+    def _gradients_by_shard(self, gradients, embedding_grads):
+        """Per shard, `(name, gradient)` of the dense gradients and embedding rows it holds."""
+        grads = partition.split_dense(gradients, self.num_ps)
+        pairs = [list(grads[i].items()) for i in range(self.num_ps)]
+        for table, (ids, rows) in embedding_grads.items():
+            ids = np.asarray(ids, dtype=np.int64)
+            for shard, where in enumerate(self._split_ids(table, ids)):
+                if len(where):
+                    pairs[shard].append((table, tensor_codec.Slices(
+                        rows[where], ids[where], (0, rows.shape[1]))))
+        return pairs
+
+    def _push_call(self, stub, header, tensors):
+        """A push to one shard, unary or streamed (see the module's rule): its future."""
+        if self._push_unary(tensors):
+            request = pserver_pb2.PushGradientsRequest(
+                gradients=[tensor_codec.to_message(t) for t in tensors], **header)
+            return stub.PushGradients.future(request)
+        parts = tensor_stream.push_parts(pserver_pb2.PushHeader(**header), tensors,
+                                         self.transfer)
+        return stub.PushGradientsStream.future(parts)
 
     def _push_unary(self, tensors):
         """Whether a push of these wire tensors goes unary (see the module's rule)."""
@@ -292,70 +327,6 @@ class PSClient:
         if not ids:
             return np.zeros(0, np.int64), None
         return np.concatenate(ids), np.concatenate(rows)
-
-    def prepare_checkpoint(self, checkpoint_id, hold_s, timeout_s=None):
-        """Has every shard hold pushes back for checkpoint `checkpoint_id` (see
-        `pserver.proto`); returns the cut: per worker, the highest sequence any shard
-        applied."""
-        request = pserver_pb2.PrepareCheckpointRequest(checkpoint_id=checkpoint_id,
-                                                       hold_s=hold_s)
-        calls = [stub.PrepareCheckpoint.future(request, timeout=timeout_s)
-                 for stub in self._stubs]
-        cut = {}
-        for call in calls:
-            for worker, sequence in call.result().applied_sequences.items():
-                cut[worker] = max(sequence, cut.get(worker, sequence))
-        return cut
-
-    def release_checkpoint(self, checkpoint_id, timeout_s=None):
-        """Ends every shard's hold of checkpoint `checkpoint_id`; shards that cannot be
-        reached end it when it runs out."""
-        request = pserver_pb2.ReleaseCheckpointRequest(checkpoint_id=checkpoint_id)
-        calls = [stub.ReleaseCheckpoint.future(request, timeout=timeout_s)
-                 for stub in self._stubs]
-        for call in calls:
-            try:
-                call.result()
-            except grpc.RpcError:
-                pass
-
-    def learning_rate(self, rate=None, timeout_s=None):
-        """Sets every shard's learning rate to `rate` (None: only reads); returns each
-        shard's `LearningRateResponse`, in shard order.
-
-        Raises:
-            grpc.RpcError: a shard refused (INVALID_ARGUMENT: a bad rate, or a schedule) or
-                did not answer.
-        """
-        request = pserver_pb2.LearningRateRequest(
-            **({} if rate is None else {"learning_rate": float(rate)}))
-        calls = [stub.LearningRate.future(request, timeout=timeout_s) for stub in self._stubs]
-        return [call.result() for call in calls]
-
-    def save_checkpoint(self, checkpoint_id, timeout_s=None, cut=None, without_cut=False):
-        """Asks every shard to save its state into checkpoint `checkpoint_id`: the directory
-        `CHECKPOINT_DIR/ckpt-N` of the shard's own `--checkpoint-dir`.
-
-        Args:
-            checkpoint_id: the checkpoint's number N (1 or more).
-            timeout_s: the deadline of each call (default: the client's).
-            cut: the cut `prepare_checkpoint(checkpoint_id, ...)` returned (or a part of it).
-            without_cut: each shard saves as it is now, with no `prepare_checkpoint` before.
-
-        Returns:
-            The shards' `SaveCheckpointResponse`s (file, bytes, crc32c, model_version), in
-            shard order, for the manifest.
-
-        Raises:
-            grpc.RpcError: a shard could not save (INVALID_ARGUMENT: a bad request;
-                FAILED_PRECONDITION: not initialised, or no checkpoint directory; INTERNAL:
-                the write failed).
-        """
-        request = pserver_pb2.SaveCheckpointRequest(num_ps=self.num_ps,
-                                                    checkpoint_id=checkpoint_id, cut=cut or {},
-                                                    without_cut=without_cut)
-        calls = [stub.SaveCheckpoint.future(request, timeout=timeout_s) for stub in self._stubs]
-        return [call.result() for call in calls]
 
     def readdress(self, addresses):
         """Calls every shard whose address in `addresses` (all shards' `host:port`, in order)

@@ -5,7 +5,7 @@ import warnings
 
 from elastic_keras.proto import master_pb2 as elastic__keras_dot_proto_dot_master__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

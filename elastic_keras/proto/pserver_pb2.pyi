@@ -139,34 +139,38 @@ class PullTableResponse(_message.Message):
     def __init__(self, rows: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "incarnation", "deltas")
+    __slots__ = ("worker_id", "sequence", "model_version", "gradients", "incarnation", "deltas", "then_pull")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DELTAS_FIELD_NUMBER: _ClassVar[int]
+    THEN_PULL_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
     gradients: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     incarnation: int
     deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    then_pull: PullDenseRequest
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., incarnation: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., then_pull: _Optional[_Union[PullDenseRequest, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "sequence", "model_version", "incarnation", "deltas")
+    __slots__ = ("worker_id", "sequence", "model_version", "incarnation", "deltas", "then_pull")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DELTAS_FIELD_NUMBER: _ClassVar[int]
+    THEN_PULL_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     sequence: int
     model_version: int
     incarnation: int
     deltas: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    then_pull: PullDenseRequest
+    def __init__(self, worker_id: _Optional[int] = ..., sequence: _Optional[int] = ..., model_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., deltas: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., then_pull: _Optional[_Union[PullDenseRequest, _Mapping]] = ...) -> None: ...
 
 class PushGradientsPart(_message.Message):
     __slots__ = ("header", "pieces")
@@ -177,18 +181,20 @@ class PushGradientsPart(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
-    __slots__ = ("accepted", "model_version", "reason", "stale", "held")
+    __slots__ = ("accepted", "model_version", "reason", "stale", "held", "pulled")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    PULLED_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     model_version: int
     reason: str
     stale: bool
     held: bool
-    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ..., stale: _Optional[bool] = ..., held: _Optional[bool] = ...) -> None: ...
+    pulled: PullDenseResponse
+    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ..., reason: _Optional[str] = ..., stale: _Optional[bool] = ..., held: _Optional[bool] = ..., pulled: _Optional[_Union[PullDenseResponse, _Mapping]] = ...) -> None: ...
 
 class PrepareCheckpointRequest(_message.Message):
     __slots__ = ("checkpoint_id", "hold_s")

@@ -6,7 +6,7 @@ import warnings
 from elastic_keras.proto import pserver_pb2 as elastic__keras_dot_proto_dot_pserver__pb2
 from elastic_keras.proto import transfer_pb2 as elastic__keras_dot_proto_dot_transfer__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -205,6 +205,9 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
         return result, self._transfer.encode(result.dense.items(), request.full_precision)
 
     def PullDense(self, request, context):
+        return self._pull_response(request, context)
+
+    def _pull_response(self, request, context):
         result, tensors = self._pull(request, context)
         return pserver_pb2.PullDenseResponse(
             initialized=result.initialized, model_version=result.model_version,
@@ -244,10 +247,13 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             self._first_push_accepted = True  # when training reaches this process: a log line
             logger.info("Shard %d accepted its first push (from worker %d): model version %d.",
                         self._ps_id, header.worker_id, result.model_version)
-        return pserver_pb2.PushGradientsResponse(
+        response = pserver_pb2.PushGradientsResponse(
             accepted=result.accepted, model_version=result.model_version, reason=result.reason,
             stale=result.stale, held=result.held,
         )
+        if header.HasField("then_pull") and not result.held:
+            response.pulled.CopyFrom(self._pull_response(header.then_pull, context))
+        return response
 
     def PushGradients(self, request, context):
         limit = self._parameters.limits.max_push_bytes

@@ -106,6 +106,7 @@ class Trainer(Replica):
             "an embedding lookup", lambda: self._ps.pull_embeddings(ids_by_table)))
         self._versions = None
         self._incarnations = None  # of the shards the assigned values came from
+        self._fetched = None  # the `Pulled` the last push brought back, not yet taken
         # Sequence numbers (one per minibatch) only grow, across restarts too: a relaunched
         # worker with the same id must not have its pushes taken for its predecessor's.
         self._sequence = time.time_ns()
@@ -221,6 +222,11 @@ class Trainer(Replica):
         return self._versions is not None
 
     def pull(self):
+        fetched = self._take_fetched()
+        if fetched is not None:
+            self.assign(fetched)
+            return
+
         def pull():
             pulled = self._ps.pull_dense(self._versions, self._min_versions)
             if not pulled[0] and self._init_args is not None:  # a shard without its model
@@ -234,8 +240,21 @@ class Trainer(Replica):
         self._min_versions = list(min_versions)
 
     def fetch(self):
+        fetched = self._take_fetched()
+        if fetched is not None:
+            return fetched
         return Pulled(*self._through_outages("a pull", self._ps.pull_dense),
                       self._ps.incarnations)
+
+    def _take_fetched(self):
+        """What the last push brought back (once), if it is of the versions `wait_for`
+        asked and every shard holds a model."""
+        fetched, self._fetched = self._fetched, None
+        least = self._min_versions or [0] * self.num_ps
+        if fetched is None or not fetched.initialized or any(
+                v < m for v, m in zip(fetched.versions, least)):
+            return None
+        return fetched
 
     def assign(self, pulled):
         """Takes pulled values, of `pulled.versions` of the shards' `pulled.incarnations`.
@@ -292,10 +311,20 @@ class Trainer(Replica):
             raise NonFiniteLossError(f"The training loss is {loss}, but {bad} holds NaN or Inf")
         return Computed(loss, gradients, deltas, embedding_grads, versions, incarnations)
 
-    def push(self, sequence, computed, shards=None):
-        return self._through_outages("a push", lambda: self._ps.push_gradients(
+    def push(self, sequence, computed, shards=None, then_pull=None):
+        # One round trip for the push and the next pull, where the pull's answer is small
+        # enough to come back in the push's (see `PSClient.fuses_pulls`).
+        every = shards is None or len(set(shards)) == self.num_ps
+        fused = then_pull is not None and every and self._ps.fuses_pulls()
+        self._fetched = None
+        responses = self._through_outages("a push", lambda: self._ps.push_gradients(
             self._worker_id, sequence, computed.versions, computed.gradients, computed.deltas,
-            computed.embedding_grads, shards=shards, incarnations=computed.incarnations))
+            computed.embedding_grads, shards=shards, incarnations=computed.incarnations,
+            then_pull=then_pull if fused else None))
+        pulled = self._ps.pulled(responses) if fused else None
+        if pulled is not None:
+            self._fetched = Pulled(*pulled, self._ps.incarnations)
+        return responses
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -359,6 +388,7 @@ class Trainer(Replica):
         parameter servers' current values, once every push made so far has landed."""
         self.flush()
         self._ensure_model(features)
+        self._fetched = None  # the shards' values now, not as the last push left them
         self.pull()
 
     def forward(self, features):

@@ -82,8 +82,13 @@ class Replica(abc.ABC):
         """Runs the training step on the values the model holds; returns a `Computed`."""
 
     @abc.abstractmethod
-    def push(self, sequence, computed, shards=None):
+    def push(self, sequence, computed, shards=None, then_pull=None):
         """Pushes `computed` as minibatch `sequence` to `shards` (default: all).
+
+        Args:
+            then_pull: per shard, the version the next `pull` or `fetch` must find: the push
+                may bring that pull's values back with its answer, which the next `pull` or
+                `fetch` then takes in place of calling the shards again.
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
@@ -91,7 +96,8 @@ class Replica(abc.ABC):
 
     @abc.abstractmethod
     def fetch(self):
-        """The shards' latest values as a `Pulled`, not assigned to the model."""
+        """The shards' latest values as a `Pulled` (those the last push brought back, if it
+        did), not assigned to the model."""
 
     @abc.abstractmethod
     def assign(self, pulled):
@@ -136,6 +142,11 @@ class UpdateStrategy(abc.ABC):
             PushRefused: see `train`.
         """
 
+    def next_versions(self, computed):
+        """Per shard, the version the pull after pushing `computed` must find: any here
+        (asynchronous)."""
+        return [0] * self._replica.num_ps
+
     def settle(self, minibatch, shards, fresh=True):
         """Pulls, computes and pushes `minibatch` to `shards` until each has applied it,
         recomputing it for those that refuse it as stale, up to `max_stale_retries` times in
@@ -164,7 +175,8 @@ class UpdateStrategy(abc.ABC):
                     raise
                 # Other shards applied it: these never will.
                 raise PushRefused(str(exc), {i: NON_FINITE_LOSS for i in waiting}) from exc
-            responses = self._replica.push(minibatch.sequence, computed, shards=waiting)
+            responses = self._replica.push(minibatch.sequence, computed, shards=waiting,
+                                           then_pull=self.next_versions(computed))
             applied_at.update({i: computed.versions[i] for i in waiting if responses[i].accepted})
             refused = refusal(responses, waiting)
             if refused is not None:

@@ -36,7 +36,9 @@ class Overlapped(UpdateStrategy):
         return computed.loss
 
     def _push_and_pull(self, sequence, computed):
-        return self._replica.push(sequence, computed), self._replica.fetch()
+        responses = self._replica.push(sequence, computed,
+                                       then_pull=self.next_versions(computed))
+        return responses, self._replica.fetch()
 
     def after_landed(self, call):
         """Runs `call()` once every push made so far has landed, without waiting for that:

@@ -29,6 +29,7 @@ class FakeReplica(Replica):
     def __init__(self, answers=(), versions=(3, 3)):
         self.versions = list(versions)
         self.events = []
+        self.then_pulls = []  # what each push asked to pull after it
         self._answers = list(answers)
         self._min_versions = None
         self._held = None  # the versions of the values the model holds
@@ -61,8 +62,9 @@ class FakeReplica(Replica):
         return Computed(loss=float(labels), gradients={}, deltas={}, embedding_grads={},
                         versions=list(self._held), incarnations=[1] * self.num_ps)
 
-    def push(self, sequence, computed, shards=None):
+    def push(self, sequence, computed, shards=None, then_pull=None):
         shards = list(range(self.num_ps)) if shards is None else list(shards)
+        self.then_pulls.append(then_pull)
         self.record("push", sequence, shards)
         with self._lock:
             answer = self._answers.pop(0) if self._answers else {}

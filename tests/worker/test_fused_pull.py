@@ -1,0 +1,134 @@
+"""A push that carries the next pull (`then_pull`), over gRPC to real shards on 127.0.0.1:
+exactly once holds, a synchronous push's pull waits for its round, and a worker trains on
+what its pushes bring back without another call."""
+
+import concurrent.futures
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from elastic_keras.common.ps_client import PSClient
+from elastic_keras.ps.consistency import UpdatePolicy
+from elastic_keras.ps.parameters import Parameters
+from elastic_keras.worker.trainer import Trainer
+from tests.worker.shards import SPEC, batch, serve
+
+SGD = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(0.5)))
+INITIAL = {"w": np.ones(3, np.float32), "b": np.full(2, 2.0, np.float32)}  # one a shard
+
+
+@pytest.fixture
+def shards(request):
+    """Two shards with the `UpdatePolicy` of the test's parameter (default: asynchronous),
+    served on 127.0.0.1: yields (their `Parameters`, their addresses)."""
+    policy = UpdatePolicy(**getattr(request, "param", {}))
+    parameters = [Parameters(policy) for _ in range(2)]
+    servers = [serve(p) for p in parameters]
+    yield parameters, [f"127.0.0.1:{port}" for _, port in servers]
+    for server, _ in servers:
+        server.stop(0)
+
+
+@pytest.fixture
+def client(shards):
+    """A `PSClient` of `shards` that gave them `INITIAL` and pulled once (small answers:
+    its pushes may carry the next pull)."""
+    client = PSClient(shards[1])
+    client.init_model(INITIAL, SGD)
+    client.pull_dense()
+    yield client
+    client.close()
+
+
+def sync(grads_to_wait):
+    return pytest.mark.parametrize("shards", [{"grads_to_wait": grads_to_wait}], indirect=True)
+
+
+def _push(client, worker, sequence, versions, scale=1.0, then_pull=(0, 0)):
+    gradients = {name: np.full_like(value, scale) for name, value in INITIAL.items()}
+    return client.push_gradients(worker, sequence, versions, gradients,
+                                 then_pull=list(then_pull))
+
+
+def _values(parameters):
+    return {n: v for p in parameters for n, v in p.pull().dense.items()}
+
+
+def test_a_retried_fused_push_is_applied_once_and_answers_its_pull_both_times(shards, client):
+    parameters, _ = shards
+    assert client.fuses_pulls()
+    first = _push(client, 0, 5, [0, 0])
+    again = _push(client, 0, 5, [0, 0])  # the same minibatch sent again
+    assert [r.accepted for r in first] == [True, True]
+    assert [r.reason for r in again] == ["duplicate", "duplicate"]
+    assert [p.version for p in parameters] == [1, 1]
+    for responses in (first, again):
+        initialized, versions, values = client.pulled(responses)
+        assert initialized and versions == [1, 1]
+        for name, value in _values(parameters).items():
+            np.testing.assert_array_equal(values[name], value)
+    np.testing.assert_allclose(_values(parameters)["w"], [0.5] * 3)  # one step of SGD(0.5)
+
+
+@sync(1)
+def test_a_stale_synchronous_push_is_refused_whole_and_brings_the_current_values(shards,
+                                                                                 client):
+    parameters, _ = shards
+    _push(client, 0, 1, [0, 0])  # worker 0 closes round 0 on both shards
+    before = _values(parameters)
+    stale = _push(client, 1, 1, [0, 0], scale=100.0, then_pull=(1, 1))
+    assert [(r.accepted, r.stale) for r in stale] == [(False, True), (False, True)]
+    assert [p.version for p in parameters] == [1, 1]
+    _, versions, values = client.pulled(stale)
+    assert versions == [1, 1]
+    for name, value in before.items():  # nothing of the stale push was applied anywhere
+        np.testing.assert_array_equal(_values(parameters)[name], value)
+        np.testing.assert_array_equal(values[name], value)
+
+
+@sync(2)
+def test_a_synchronous_push_answers_its_pull_once_its_round_has_closed(shards, client):
+    other = PSClient(client.addresses)
+    other.pull_dense()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(_push, client, 0, 1, [0, 0], 1.0, (1, 1))
+        with pytest.raises(concurrent.futures.TimeoutError):
+            waiting.result(timeout=0.5)  # the round waits for a second push
+        closing = _push(other, 1, 1, [0, 0], 3.0, (1, 1))
+        first = waiting.result(timeout=30)
+    other.close()
+    for responses in (first, closing):
+        assert all(r.accepted for r in responses)
+        _, versions, values = client.pulled(responses)
+        assert versions == [1, 1]
+        np.testing.assert_allclose(values["w"], [0.0] * 3)  # 1 - 0.5 * mean(1, 3)
+
+
+@sync(1)
+def test_a_synchronous_worker_holds_the_shards_values_after_every_step(shards, monkeypatch):
+    _, addresses = shards
+    parameters_of = PSClient(addresses)
+    pulls = []
+    original = PSClient.pull_dense
+    monkeypatch.setattr(PSClient, "pull_dense",
+                        lambda self, *a, **k: pulls.append(1) or original(self, *a, **k))
+    trainer = Trainer(SPEC, PSClient(addresses), worker_id=0, strategy="sync")
+    rng = np.random.default_rng(0)
+    for step in range(1, 5):
+        trainer.train_minibatch(*batch(rng))
+        # What the next step computes against came back with this step's push.
+        fetched = trainer._fetched
+        _, versions, shard_values = original(parameters_of)
+        assert versions == fetched.versions == [step, step]
+        assert sorted(fetched.values) == sorted(shard_values)
+        for name, value in shard_values.items():
+            np.testing.assert_array_equal(fetched.values[name], value, err_msg=name)
+    assert len(pulls) == 1  # the first step's: every later one came with a push
+    trainer.pull()
+    assert len(pulls) == 1 and trainer.model_version == 4
+    held = {n: v.numpy() for n, v in {**trainer._trainable, **trainer._fixed}.items()}
+    for name, value in shard_values.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+    parameters_of.close()
