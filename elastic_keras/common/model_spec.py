@@ -164,11 +164,14 @@ class ModelSpec:
         """
         if self.batch_dataset_fn is None:
             return self.apply_dataset_fn(records, mode, metadata).batch(minibatch_size)
-        name = "batch_dataset_fn"
-        returned = self._checked(
-            name, self.batch_dataset_fn(records.batch(minibatch_size), mode, metadata), mode)
+        return self.apply_batch_dataset_fn(records.batch(minibatch_size), mode, metadata)
+
+    def apply_batch_dataset_fn(self, minibatches, mode, metadata):
+        """`batch_dataset_fn(minibatches, mode, metadata)`, checked as `minibatches` says."""
         import tensorflow as tf
 
+        name = "batch_dataset_fn"
+        returned = self._checked(name, self.batch_dataset_fn(minibatches, mode, metadata), mode)
         scalars = [s for s in tf.nest.flatten(returned.element_spec)
                    if getattr(s.shape, "rank", None) == 0]
         if scalars:

@@ -27,7 +27,7 @@ from elastic_keras.data.reader import open_reader
 from elastic_keras.proto import master_pb2
 from elastic_keras.worker import failures
 from elastic_keras.worker.inference import Inference
-from elastic_keras.worker.pipeline import RecordPipeline
+from elastic_keras.worker.pipeline import open_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,13 @@ class TaskLoop:
 
     def run(self):
         """Returns when the master has no more tasks, or after leaving on `stop`."""
+        try:
+            self._run()
+        finally:
+            for pipeline in self._pipelines.values():
+                pipeline.close()
+
+    def _run(self):
         while not self._stop.is_set():
             task = self._master.get_task(self._config.worker_id)
             if task.type == master_pb2.TASK_NONE:
@@ -150,13 +157,13 @@ class TaskLoop:
             logger.warning("Could not hand task %d back (%s)", task.task_id, exc.code().name)
 
     def _pipeline(self, path, mode):
-        """(the `RecordReader` of `path`, its `RecordPipeline` for `mode`), made once."""
+        """(the `RecordReader` of `path`, its pipeline for `mode`), made once."""
         reader = self._readers.get(path)
         if reader is None:
             reader = self._readers[path] = open_reader(path, self._config.index_cache_dir)
         pipeline = self._pipelines.get((path, mode))
         if pipeline is None:
-            pipeline = self._pipelines[(path, mode)] = RecordPipeline(
+            pipeline = self._pipelines[(path, mode)] = open_pipeline(
                 self._spec, mode, reader, self._config.minibatch_size)
         return reader, pipeline
 
