@@ -151,6 +151,7 @@ class Trainer(Replica):
         self._sequence = max(self._sequence, *(a.applied_sequence for a in answers))
         self._train_step = steps.compile_step(self._train_step_fn, "training step")
         self._forward = steps.compile_step(self._forward_fn, "forward pass")
+        self._assign_all = steps.assigner(list({**self._trainable, **self._fixed}.values()))
         logger.info(
             "Model built: %d trainable and %d other dense variables (%d parameters); "
             "embedding tables on the parameter servers: %s",
@@ -202,12 +203,9 @@ class Trainer(Replica):
         logger.warning("Offered this worker's copy of the dense variables to a parameter "
                        "server that came back without a checkpoint")
 
-    def _lookup_rows(self, table, ids):
-        """Rows of `table` for unique `ids`, from the shards (called inside the step)."""
-        return self._row_pulls.rows(table, ids)
-
     def _read_rows(self, table, ids):
-        """As `_lookup_rows`, for inference: creates no row and counts no sighting."""
+        """Rows of `table` for unique `ids`, for inference: creates no row and counts no
+        sighting."""
         return self._through_outages("an embedding lookup", lambda: self._ps.pull_embeddings(
             {table: ids}, read_only=True)[table])
 
@@ -266,12 +264,16 @@ class Trainer(Replica):
         if not pulled.initialized:
             raise NotReadyError("the parameter servers hold no model yet")
         variables = {**self._trainable, **self._fixed}
-        for name, value in pulled.values.items():
-            variable = variables.get(name)
-            if variable is None:
-                raise PSError(f"The parameter servers sent an unknown variable {name!r}.")
-            # Floats sent in a reduced transfer dtype come as float32: cast to the variable's.
-            variable.assign(np.asarray(value, dtype=variable.dtype))
+        unknown = next((name for name in pulled.values if name not in variables), None)
+        if unknown is not None:
+            raise PSError(f"The parameter servers sent an unknown variable {unknown!r}.")
+        # Floats sent in a reduced transfer dtype come as float32: cast to the variable's.
+        if len(pulled.values) == len(variables):  # every one: in one call
+            self._assign_all(*(np.asarray(pulled.values[name], dtype=variable.dtype)
+                               for name, variable in variables.items()))
+        else:
+            for name, value in pulled.values.items():
+                variables[name].assign(np.asarray(value, dtype=variables[name].dtype))
         self._versions, self._incarnations = pulled.versions, pulled.incarnations
 
     def compute(self, features, labels):
@@ -330,7 +332,7 @@ class Trainer(Replica):
 
     def _train_step_fn(self, features, labels):
         with tf.GradientTape() as tape:
-            context = LookupContext(self._lookup_rows, tape)
+            context = LookupContext(self._row_pulls.rows, tape)
             with lookup_context(context):
                 predictions = self._model(features, training=True)
                 loss = self._spec.loss(labels, predictions)
