@@ -21,7 +21,9 @@ Suites (see each module's docstring, and bench/README.md for the latest figures)
 - engines (not in all): start-up and replacing a lost worker, local processes against the
   Kubernetes engine on the tests' fake cluster (`bench/engines.py`);
 - lifecycle (not in all): a table under a row budget fed a stream of 20M new ids: memory
-  and row throughput against the same table without a budget (`bench/lifecycle.py`).
+  and row throughput against the same table without a budget (`bench/lifecycle.py`);
+- phases (not in all): where one worker's DeepFM step goes, per phase, on both ends of its
+  calls (`bench/phases.py`).
 
 Each part of micro also runs alone: codec, embedding_table, embedding_rows, and transfer
 (every codec and transfer dtype, in ms and bytes on the wire, beside raw gRPC).
@@ -33,8 +35,8 @@ import tempfile
 import time
 
 from bench import (
-    codec, dense, deepfm, embedding_rows, embedding_table, engines, lifecycle, recovery,
-    scaling, security, transfer,
+    codec, dense, deepfm, embedding_rows, embedding_table, engines, lifecycle, phases,
+    recovery, scaling, security, transfer,
 )
 from bench.common import attempt, emit, run_lines
 
@@ -64,6 +66,7 @@ PARTS = {
     "security": security.run,
     "engines": lambda quick, work_dir: engines.run(quick),
     "lifecycle": lifecycle.run,
+    "phases": phases.run,
     "codec": codec.run,
     "embedding_table": embedding_table.run,
     "embedding_rows": embedding_rows.run,

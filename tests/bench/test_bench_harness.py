@@ -190,3 +190,15 @@ def test_the_codec_benchmark_runs_the_wire_path(capsys, monkeypatch):
     ratios = {(r["config"]["payload"], r["config"]["codec"]): r["value"]
               for r in lines if r["name"] == "codec/ratio"}
     assert ratios[("zero90_float32", "lz4")] > 3 and ratios[("dense_float32", "none")] <= 1
+
+
+def test_every_phase_the_phases_bench_times_exists():
+    """A renamed function would leave its phase untimed: every one must resolve."""
+    import importlib
+
+    from bench import phases
+
+    for phase, (module_name, class_name, attribute) in phases.PHASES.items():
+        module = importlib.import_module(module_name)
+        owner = getattr(module, class_name) if class_name else module
+        assert callable(getattr(owner, attribute, None)), phase
