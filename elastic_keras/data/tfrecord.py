@@ -87,29 +87,45 @@ class TFRecordReader(RecordReader):
         return np.array(offsets, dtype=np.int64)
 
     def _read_records(self, file, start, end):
+        # The index gives every record's place: read a block of records at once and cut
+        # them out of it (a call and a copy per block, not three reads per record).
         offsets = self._offsets[start:end + 1].tolist()
-        for i, record in enumerate(range(start, end)):
-            header = file.read(_HEADER.size)
-            if len(header) < _HEADER.size:
-                raise self._truncated(record, "the file ends inside its header", offsets[i])
-            length, length_crc = _HEADER.unpack(header)
-            self._check_length_crc(record, header[:_LENGTH.size], length_crc)
-            if length + _OVERHEAD != offsets[i + 1] - offsets[i]:
+        first = 0
+        while first < end - start:
+            last = first + 1
+            while (last < end - start
+                   and offsets[last + 1] - offsets[first] <= _SCAN_BLOCK):
+                last += 1
+            block = file.read(offsets[last] - offsets[first])
+            yield from self._cut(block, offsets[first:last + 1], start + first)
+            first = last
+
+    def _cut(self, block, offsets, record):
+        """The records of `block`, which starts at `offsets[0]`; `offsets[i]` is the place of
+        record `record + i` in the file, `offsets[-1]` the end of the last."""
+        base = offsets[0]
+        for i in range(len(offsets) - 1):
+            at, next_at = offsets[i] - base, offsets[i + 1] - base
+            if at + _HEADER.size > len(block):
+                raise self._truncated(record + i, "the file ends inside its header", offsets[i])
+            length, length_crc = _HEADER.unpack_from(block, at)
+            self._check_length_crc(record + i, block[at:at + _LENGTH.size], length_crc)
+            if length + _OVERHEAD != next_at - at:
                 raise DataError(
-                    f"Record {record} of {self._path} does not match the file's index: the "
+                    f"Record {record + i} of {self._path} does not match the file's index: the "
                     "file changed while it was being read. Received: length="
-                    f"{length}, indexed length={offsets[i + 1] - offsets[i] - _OVERHEAD}"
+                    f"{length}, indexed length={next_at - at - _OVERHEAD}"
                 )
-            data = file.read(length)
-            footer = file.read(_CRC.size)
-            if len(data) < length or len(footer) < _CRC.size:
-                raise self._truncated(record, "the file ends inside its data", offsets[i])
-            stored = _CRC.unpack(footer)[0]
+            if next_at > len(block):
+                raise self._truncated(record + i, "the file ends inside its data", offsets[i])
+            data = block[at + _HEADER.size:next_at - _CRC.size]
+            stored = _CRC.unpack_from(block, next_at - _CRC.size)[0]
             computed = masked_crc(data)
             if stored != computed:
                 raise DataError(
-                    f"Record {record} of {self._path} is corrupt: the data checksum does not "
-                    f"match. Received: stored crc=0x{stored:08x}, computed crc=0x{computed:08x}"
+                    f"Record {record + i} of {self._path} is corrupt: the data checksum does "
+                    f"not match. Received: stored crc=0x{stored:08x}, computed "
+                    f"crc=0x{computed:08x}"
                 )
             yield data
 
