@@ -236,7 +236,7 @@ class PSClient(ShardControl):
         return result
 
     def push_gradients(self, worker_id, sequence, versions, gradients, deltas=None,
-                       embedding_grads=None, shards=None, incarnations=None, then_pull=None):
+                       embedding_grads=None, shards=None, incarnations=None, then_pull=False):
         """Pushes a minibatch's gradients to the shards, in the transfer dtype, unary or
         streamed.
 
@@ -249,9 +249,9 @@ class PSClient(ShardControl):
             shards: the shards to push to (default: all); the others get nothing.
             incarnations: per shard, the incarnation `versions` were pulled from (default:
                 that of the last pull).
-            then_pull: per shard, a version the shard must reach: each shard then answers,
-                with its push, every dense value once it reaches it (see `pulled`). Only
-                where `fuses_pulls()`.
+            then_pull: each shard answers, with its push, every dense value as it is once
+                the push is answered, without waiting for a round (see `pulled`). Only where
+                `fuses_pulls()`.
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
@@ -272,10 +272,9 @@ class PSClient(ShardControl):
                 header = dict(worker_id=worker_id, sequence=sequence, model_version=versions[i],
                               deltas=[tensor_codec.encode(n, v) for n, v in deltas[i].items()],
                               incarnation=incarnations[i])
-                if then_pull is not None:
+                if then_pull:
                     header["then_pull"] = pserver_pb2.PullDenseRequest(
-                        known_version=-1, min_version=then_pull[i],
-                        known_incarnation=self._incarnations[i])
+                        known_version=-1, known_incarnation=self._incarnations[i])
                 calls[i] = self._push_call(stub, header, tensors)
             for i, call in calls.items():
                 responses[i] = call.result()

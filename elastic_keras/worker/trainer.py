@@ -313,16 +313,16 @@ class Trainer(Replica):
             raise NonFiniteLossError(f"The training loss is {loss}, but {bad} holds NaN or Inf")
         return Computed(loss, gradients, deltas, embedding_grads, versions, incarnations)
 
-    def push(self, sequence, computed, shards=None, then_pull=None):
+    def push(self, sequence, computed, shards=None, then_pull=False):
         # One round trip for the push and the next pull, where the pull's answer is small
         # enough to come back in the push's (see `PSClient.fuses_pulls`).
         every = shards is None or len(set(shards)) == self.num_ps
-        fused = then_pull is not None and every and self._ps.fuses_pulls()
+        fused = then_pull and every and self._ps.fuses_pulls()
         self._fetched = None
         responses = self._through_outages("a push", lambda: self._ps.push_gradients(
             self._worker_id, sequence, computed.versions, computed.gradients, computed.deltas,
             computed.embedding_grads, shards=shards, incarnations=computed.incarnations,
-            then_pull=then_pull if fused else None))
+            then_pull=fused))
         pulled = self._ps.pulled(responses) if fused else None
         if pulled is not None:
             self._fetched = Pulled(*pulled, self._ps.incarnations)

@@ -46,10 +46,9 @@ def sync(grads_to_wait):
     return pytest.mark.parametrize("shards", [{"grads_to_wait": grads_to_wait}], indirect=True)
 
 
-def _push(client, worker, sequence, versions, scale=1.0, then_pull=(0, 0)):
+def _push(client, worker, sequence, versions, scale=1.0):
     gradients = {name: np.full_like(value, scale) for name, value in INITIAL.items()}
-    return client.push_gradients(worker, sequence, versions, gradients,
-                                 then_pull=list(then_pull))
+    return client.push_gradients(worker, sequence, versions, gradients, then_pull=True)
 
 
 def _values(parameters):
@@ -78,7 +77,7 @@ def test_a_stale_synchronous_push_is_refused_whole_and_brings_the_current_values
     parameters, _ = shards
     _push(client, 0, 1, [0, 0])  # worker 0 closes round 0 on both shards
     before = _values(parameters)
-    stale = _push(client, 1, 1, [0, 0], scale=100.0, then_pull=(1, 1))
+    stale = _push(client, 1, 1, [0, 0], scale=100.0)
     assert [(r.accepted, r.stale) for r in stale] == [(False, True), (False, True)]
     assert [p.version for p in parameters] == [1, 1]
     _, versions, values = client.pulled(stale)
@@ -89,21 +88,36 @@ def test_a_stale_synchronous_push_is_refused_whole_and_brings_the_current_values
 
 
 @sync(2)
-def test_a_synchronous_push_answers_its_pull_once_its_round_has_closed(shards, client):
+def test_a_synchronous_push_waits_for_no_round_and_brings_the_values_as_they_are(shards,
+                                                                                   client):
+    parameters, _ = shards
     other = PSClient(client.addresses)
     other.pull_dense()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(_push, client, 0, 1, [0, 0], 1.0, (1, 1))
-        with pytest.raises(concurrent.futures.TimeoutError):
-            waiting.result(timeout=0.5)  # the round waits for a second push
-        closing = _push(other, 1, 1, [0, 0], 3.0, (1, 1))
-        first = waiting.result(timeout=30)
+    first = _push(client, 0, 1, [0, 0], 1.0)  # answered at once: the round stays open
+    assert all(r.accepted for r in first)
+    assert client.pulled(first)[1] == [0, 0]  # of the version before the round
+    closing = _push(other, 1, 1, [0, 0], 3.0)
     other.close()
-    for responses in (first, closing):
-        assert all(r.accepted for r in responses)
-        _, versions, values = client.pulled(responses)
-        assert versions == [1, 1]
-        np.testing.assert_allclose(values["w"], [0.0] * 3)  # 1 - 0.5 * mean(1, 3)
+    _, versions, values = client.pulled(closing)
+    assert versions == [1, 1]  # this push closed the round
+    np.testing.assert_allclose(values["w"], [0.0] * 3)  # 1 - 0.5 * mean(1, 3)
+
+
+@sync(2)
+def test_a_synchronous_worker_whose_push_left_the_round_open_pulls_and_waits(shards):
+    _, addresses = shards
+    trainer = Trainer(SPEC, PSClient(addresses), worker_id=0, strategy="sync")
+    rng = np.random.default_rng(1)
+    trainer.train_minibatch(*batch(rng))  # its push joins round 0; the round stays open
+    assert trainer._fetched.versions == [0, 0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        second = pool.submit(trainer.train_minibatch, *batch(rng))
+        with pytest.raises(concurrent.futures.TimeoutError):
+            second.result(timeout=0.5)  # its pull waits for the round: values of version 0
+        other = Trainer(SPEC, PSClient(addresses), worker_id=1, strategy="sync")
+        other.train_minibatch(*batch(rng))  # closes round 0
+        second.result(timeout=30)
+    assert trainer.model_version >= 1
 
 
 @sync(1)

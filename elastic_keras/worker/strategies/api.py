@@ -86,9 +86,10 @@ class Replica(abc.ABC):
         """Pushes `computed` as minibatch `sequence` to `shards` (default: all).
 
         Args:
-            then_pull: per shard, the version the next `pull` or `fetch` must find: the push
-                may bring that pull's values back with its answer, which the next `pull` or
-                `fetch` then takes in place of calling the shards again.
+            then_pull: the push may bring the shards' values back with its answer, as they
+                are once it is answered (it waits for no round); the next `pull` or `fetch`
+                takes them in place of calling the shards again, if they are of the versions
+                `wait_for` asks.
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
@@ -142,11 +143,6 @@ class UpdateStrategy(abc.ABC):
             PushRefused: see `train`.
         """
 
-    def next_versions(self, computed):
-        """Per shard, the version the pull after pushing `computed` must find: any here
-        (asynchronous)."""
-        return [0] * self._replica.num_ps
-
     def settle(self, minibatch, shards, fresh=True):
         """Pulls, computes and pushes `minibatch` to `shards` until each has applied it,
         recomputing it for those that refuse it as stale, up to `max_stale_retries` times in
@@ -176,7 +172,7 @@ class UpdateStrategy(abc.ABC):
                 # Other shards applied it: these never will.
                 raise PushRefused(str(exc), {i: NON_FINITE_LOSS for i in waiting}) from exc
             responses = self._replica.push(minibatch.sequence, computed, shards=waiting,
-                                           then_pull=self.next_versions(computed))
+                                           then_pull=True)
             applied_at.update({i: computed.versions[i] for i in waiting if responses[i].accepted})
             refused = refusal(responses, waiting)
             if refused is not None:

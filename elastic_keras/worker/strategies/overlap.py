@@ -36,8 +36,7 @@ class Overlapped(UpdateStrategy):
         return computed.loss
 
     def _push_and_pull(self, sequence, computed):
-        responses = self._replica.push(sequence, computed,
-                                       then_pull=self.next_versions(computed))
+        responses = self._replica.push(sequence, computed, then_pull=True)
         return responses, self._replica.fetch()
 
     def after_landed(self, call):

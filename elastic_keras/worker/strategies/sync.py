@@ -13,10 +13,6 @@ class SyncRounds(UpdateStrategy):
 
     name = "sync"
 
-    def next_versions(self, computed):
-        """The version after the rounds the push joins."""
-        return [version + 1 for version in computed.versions]
-
     def train(self, minibatch):
         loss, applied_at = self.settle(minibatch, range(self._replica.num_ps))
         self._replica.wait_for([applied_at[i] + 1 for i in range(self._replica.num_ps)])

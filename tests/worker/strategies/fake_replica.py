@@ -62,7 +62,7 @@ class FakeReplica(Replica):
         return Computed(loss=float(labels), gradients={}, deltas={}, embedding_grads={},
                         versions=list(self._held), incarnations=[1] * self.num_ps)
 
-    def push(self, sequence, computed, shards=None, then_pull=None):
+    def push(self, sequence, computed, shards=None, then_pull=False):
         shards = list(range(self.num_ps)) if shards is None else list(shards)
         self.then_pulls.append(then_pull)
         self.record("push", sequence, shards)
