@@ -13,7 +13,8 @@ A module with `batch_dataset_fn` gets a `StreamedPipeline`: its minibatches of r
 go through one queue, into one iterator that lives as long as the worker, so no task pays for
 a new iterator (14-50 ms for the DeepFM module, more than parsing a whole task of 8
 minibatches). Each minibatch carries a tag through `batch_dataset_fn`, which must map it to
-exactly one minibatch: a minibatch it drops, splits or shrinks is named at once
+exactly one minibatch of dense tensors, and each task ends with a marker that bypasses it
+(zeros of its structure): a minibatch it drops, splits or shrinks is named at once
 (`ModelSpecError`), never waited for.
 
 TensorFlow names a record that fails to parse by its place in the tensor it was parsing
