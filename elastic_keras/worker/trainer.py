@@ -305,8 +305,8 @@ class Trainer(Replica):
         )
         gradients, embedding_grads = self._prep.apply(gradients, embedding_grads)
         deltas = non_trainable_deltas(before, self._fixed)
-        bad = steps.not_finite({**gradients, **{t: g for t, (_, g) in embedding_grads.items()}},
-                          deltas)
+        bad = steps.not_finite(
+            {**gradients, **{t: g for t, (_, g) in embedding_grads.items()}}, deltas)
         if bad:  # a finite loss whose gradients overflowed: nothing of it may reach a shard
             for name, variable in self._fixed.items():
                 variable.assign(before[name])
