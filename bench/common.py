@@ -36,14 +36,13 @@ def _rounded(value, digits=1):
     return None if value is None else round(value, digits)
 
 
-def minibatches(module, records, batch, mode="training"):
-    """Minibatches of `records` (a dataset of serialized records) through a model module's
-    input function, as a worker reads them (`ModelSpec.minibatches`): its `batch_dataset_fn`
-    over minibatches of records where it has one, else its `dataset_fn`, batched."""
-    parse = getattr(module, "batch_dataset_fn", None)
-    if parse is not None:
-        return parse(records.batch(batch), mode, None)
-    return module.dataset_fn(records, mode, None).batch(batch)
+def minibatches(model_def, records, batch, mode="training"):
+    """Minibatches of `records` (a dataset of serialized records) through the input function of
+    the model-zoo module `model_def` (dotted, from the repository root), exactly as a worker
+    reads them: `ModelSpec.minibatches`, with its contract checks."""
+    from elastic_keras.common.model_spec import Mode, load_model_spec
+
+    return load_model_spec(str(ROOT), model_def).minibatches(records, Mode(mode), None, batch)
 
 
 def emit(name, config, value, unit, peak_rss_mb, peer=None, peer_value=None, error=None):

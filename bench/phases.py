@@ -30,7 +30,7 @@ import functools
 import os
 import time
 
-from bench.common import ROOT, emit, minibatches, peak_rss_mb
+from bench.common import ROOT, emit, peak_rss_mb
 from bench.deepfm import BATCH, click_records
 
 PHASES = {
@@ -84,7 +84,7 @@ def run(quick, work_dir):
 
     from bench.models import deepfm_hashed
     from elastic_keras.common import rpc
-    from elastic_keras.common.model_spec import load_model_spec
+    from elastic_keras.common.model_spec import Mode, load_model_spec
     from elastic_keras.common.ps_client import PSClient
     from elastic_keras.ps.parameters import Parameters
     from elastic_keras.ps.servicer import PServerServicer, add_to_server
@@ -94,8 +94,8 @@ def run(quick, work_dir):
     os.environ[deepfm_hashed.ROWS_VARIABLE] = str(1_000_000)
     data = click_records(work_dir, (warmup + steps) * BATCH)
     files = sorted(str(p) for p in data.glob("*.tfrecord"))
-    batches = list(minibatches(deepfm_hashed, tf.data.TFRecordDataset(files), BATCH))
     spec = load_model_spec(str(ROOT), "bench.models.deepfm_hashed")
+    batches = list(spec.minibatches(tf.data.TFRecordDataset(files), Mode.TRAINING, None, BATCH))
     servicer = PServerServicer(Parameters())
     server, port = rpc.create_server([lambda s: add_to_server(servicer, s)], "127.0.0.1")
     client = PSClient([f"127.0.0.1:{port}"], deadline_s=600)

@@ -130,11 +130,9 @@ def _deepfm_optimizer():
 
 def _minibatches(module):
     def minibatches(records, batch):
-        import importlib
-
         from bench.common import minibatches
 
-        return minibatches(importlib.import_module(module), records, batch)
+        return minibatches(module, records, batch)
 
     return minibatches
 

@@ -40,11 +40,9 @@ def _batches(data, count):
     """`count` minibatches `(features, labels)` of the click records, held in memory."""
     import tensorflow as tf
 
-    from bench.models import deepfm_hashed
-
     files = sorted(str(p) for p in data.glob("*.tfrecord"))
     records = tf.data.TFRecordDataset(files).repeat()
-    return list(minibatches(deepfm_hashed, records, BATCH).take(count))
+    return list(minibatches("bench.models.deepfm_hashed", records, BATCH).take(count))
 
 
 def _train(trainer, batches):

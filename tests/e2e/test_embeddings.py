@@ -194,12 +194,15 @@ def test_deepfm_over_hashed_ids_trains_and_exports(tmp_path):
     names = {v.name for v in served.variables}
     assert {"fm_linear/rows:0", "fm_factors/rows:0"} <= names
 
-    # The same job with each table's rows held to a quarter of the distinct ids: about as
-    # good a model. Two runs of one job differ by up to 0.01 here (asynchronous updates),
-    # and pairs of runs with and without the budget differed by -0.018 to +0.003; hence the
-    # margin of 0.03.
-    distinct = len(np.unique(train["cat"]))
-    budget = distinct // 4
+    # The same job with each table's rows held to a quarter of the distinct ids. Its AUC is
+    # too noisy to compare with the unbounded job's (asynchronous updates; 9 runs gave
+    # 0.731-0.779 against 0.773-0.787 without a budget, and tables of 64 rows 0.70-0.73), so
+    # the budget is checked by what it keeps: the least recently used rows go first, hence
+    # the 1,000 most frequent ids (each seen at least 46 times in an epoch's 63 minibatches)
+    # keep their trained rows. Measured: 99.8-100% kept in 5 runs; with tables of 64 rows,
+    # 40-43%.
+    ids, counts = np.unique(train["cat"], return_counts=True)
+    budget = len(ids) // 4
     out = tmp_path / "budget"
     summary = _train("--model-def", "deepfm.deepfm", "--training-data", clicks / "train",
                      "--num-workers", 2, "--num-ps", 2, "--minibatch-size", 256,
@@ -208,12 +211,26 @@ def test_deepfm_over_hashed_ids_trains_and_exports(tmp_path):
     served = tf.saved_model.load(str(out / "saved_model"))
     budget_auc = _auc(test["label"],
                       served.serve({"dense": test["dense"], "cat": test["cat"]}).numpy()[:, 0])
-    print(f"DeepFM with {budget} rows per table for {distinct} ids: AUC {budget_auc:.4f}")
-    assert budget_auc > auc - 0.03, f"AUC {budget_auc:.4f} under a budget, {auc:.4f} without"
+    print(f"DeepFM with {budget} rows per table for {len(ids)} ids: AUC {budget_auc:.4f}")
+    assert budget_auc > 0.7, f"AUC {budget_auc:.4f} under a budget, {auc:.4f} without"
+    frequent = ids[np.argsort(-counts, kind="stable")[:1000]]
+    kept = _has_trained_row(served, frequent, unseen[0, 0])
+    assert kept.mean() >= 0.99, f"{kept.sum()} of the 1,000 most frequent ids kept their rows"
     for table in ("fm_linear", "fm_factors"):
         total = summary["tables"][table]["total"]
-        assert total["rows"] <= budget + 1 and total["evicted"] > distinct, total
+        assert total["rows"] <= budget + 1 and total["evicted"] > len(ids), total
         assert total["admitted"] - total["evicted"] == total["rows"]
+
+
+def _has_trained_row(served, ids, unseen_id):
+    """Whether each of `ids` has a row in the exported DeepFM's tables: a record of that id in
+    every field is served otherwise than one of `unseen_id` (a trained row is never exactly
+    the zero default row of both tables)."""
+    probe = np.append(ids, unseen_id)
+    cat = np.repeat(probe[:, None], 26, axis=1)
+    out = served.serve({"dense": np.zeros((len(probe), 13), np.float32), "cat": cat})
+    out = out.numpy()[:, 0]
+    return out[:-1] != out[-1]
 
 
 # -- a plain keras Embedding of 3M rows, served from the PS ----------------------------------
