@@ -202,3 +202,18 @@ def test_every_phase_the_phases_bench_times_exists():
         module = importlib.import_module(module_name)
         owner = getattr(module, class_name) if class_name else module
         assert callable(getattr(owner, attribute, None)), phase
+
+
+def test_bench_minibatches_come_through_the_model_spec(tmp_path):
+    import tensorflow as tf
+
+    from bench.deepfm import click_records
+    from elastic_keras.common.errors import ModelSpecError
+
+    files = sorted(str(p) for p in click_records(tmp_path, 600).glob("*.tfrecord"))
+    batches = list(common.minibatches("model_zoo.deepfm.deepfm",
+                                      tf.data.TFRecordDataset(files), 256))
+    assert sorted(labels.shape[0] for _, labels in batches) == [88, 256, 256]
+    assert batches[0][0]["cat"].shape == (256, 26)
+    with pytest.raises(ModelSpecError, match="model_zoo.nowhere"):
+        common.minibatches("model_zoo.nowhere", tf.data.TFRecordDataset(files), 256)
