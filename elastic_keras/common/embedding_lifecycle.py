@@ -11,7 +11,8 @@ where the layer sets it, and from these flags where it does not:
 - `--embedding-idle-steps T`: rows not used in training for T model versions of their shard
   are evicted. 0: never. `--embedding-idle-seconds S`: or for S seconds.
 - `--embedding-max-rows R`: each table holds at most R rows over all shards (R / num-ps per
-  shard); a full table evicts its least recently used rows first. 0: no bound.
+  shard), or the rows of the lookup it serves where they are more; a full table evicts its
+  least recently used rows first. 0: no bound.
 - `--ps-max-rows-per-shard R`: a shard holds at most R rows over all its tables; past it,
   the least recently used rows of any table go. 0: no bound.
 
@@ -66,7 +67,9 @@ class EmbeddingLifecycle:
     embedding_max_rows: int = flag(
         0, bound=NON_NEGATIVE,
         help="Tables without their own max_rows: the most rows a table holds over all "
-        "parameter servers; a full table evicts its least recently used rows. 0: no bound.",
+        "parameter servers; a full table evicts its least recently used rows, never those of "
+        "the lookup it serves (a budget below one minibatch's distinct ids is exceeded by "
+        "them). 0: no bound.",
     )
     ps_max_rows_per_shard: int = flag(
         0, bound=NON_NEGATIVE,
