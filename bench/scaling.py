@@ -30,6 +30,7 @@ from bench.common import ROOT, ChildServer, attempt, emit, minibatches, peak_rss
 
 FILL_BATCH = 65_536
 BATCH = 512
+MODEL_DEF = "bench.models.deepfm_hashed"
 STEPS = 40
 WARMUP_STEPS = 5
 REPEATS = 3  # passes over the batches per size; the fastest counts (others share the cores)
@@ -42,7 +43,7 @@ def _batches(data, count):
 
     files = sorted(str(p) for p in data.glob("*.tfrecord"))
     records = tf.data.TFRecordDataset(files).repeat()
-    return list(minibatches("bench.models.deepfm_hashed", records, BATCH).take(count))
+    return list(minibatches(MODEL_DEF, records, BATCH).take(count))
 
 
 def _train(trainer, batches):
@@ -66,7 +67,7 @@ def tables_side(data, sizes):
 
     os.environ[deepfm_hashed.ROWS_VARIABLE] = str(max(sizes))
     os.environ[deepfm_hashed.OPTIMIZER_VARIABLE] = "sgd"
-    spec = load_model_spec(str(ROOT), "bench.models.deepfm_hashed")
+    spec = load_model_spec(str(ROOT), MODEL_DEF)
     batches = _batches(data, WARMUP_STEPS + STEPS)
     results = []
     with ChildServer("bench.embedding_rows") as ps:
