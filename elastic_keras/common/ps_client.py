@@ -10,7 +10,10 @@ snappy or lz4 asked for, is streamed in compressed, checksummed chunks. The tran
 applies to both forms. A unary payload is neither compressed nor checksummed by us (TCP's
 and HTTP/2's checks only): "auto" compresses only where that pays, and it never pays on so
 few bytes. A pull's size is not known before it comes: a shard's first pull is streamed,
-later ones go unary while the last one was small enough.
+later ones go unary while the last one was small enough. A push that carries the next pull
+(`then_pull`) goes in one round trip either way: unary with the values in its answer when
+both fit the rule, otherwise as a `PushPullStream` (the push's frames up, its answer and
+the pull's frames down).
 
 Why (`python -m bench.transfer`, lines `transfer/streamed_*`: codec none, float32, a PS
 process on loopback, median ms streamed vs unary): a streaming call costs gRPC Python about
@@ -29,6 +32,7 @@ import time
 import numpy as np
 
 from elastic_keras.common import partition, rpc
+from elastic_keras.common.errors import PayloadError
 from elastic_keras.common.ps_control import ShardControl
 from elastic_keras.common.transfer import tensor_codec, tensor_stream
 from elastic_keras.proto import pserver_pb2
@@ -46,7 +50,7 @@ HELD_RETRY_MAX_S = 0.5
 # more; a repeated SaveCheckpoint of a checkpoint answers what the shard wrote the first
 # time (without a cut: it rewrites the file atomically).
 _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
-               "PushGradientsStream", "PullEmbedding", "PullTable", "PrepareCheckpoint",
+               "PushGradientsStream", "PushPullStream", "PullEmbedding", "PullTable", "PrepareCheckpoint",
                "SaveCheckpoint", "ReleaseCheckpoint", "LearningRate")
 
 
@@ -75,6 +79,8 @@ class PSClient(ShardControl):
         self._pull_bytes = {}
         # Per shard, the incarnation of the last pull: what pushes are computed against.
         self._incarnations = [0] * len(self._stubs)
+        # Per shard, (push answer, pull answer, its tensors) of the last push's then_pull.
+        self._then_pulled = {}
 
     @property
     def num_ps(self):
@@ -173,18 +179,18 @@ class PSClient(ShardControl):
             versions.append(response.model_version)
         return initialized, versions, values
 
-    def fuses_pulls(self):
-        """Whether a push to every shard may carry the next dense pull (`then_pull`): every
-        shard's last pull was small enough to come back unary, in the push's answer."""
-        return all(self._pull_unary(shard, False) for shard in range(self.num_ps))
-
     def pulled(self, responses):
         """What the `then_pull` of a push to every shard found, as `pull_dense` returns it,
-        or None when a shard did not answer one (the push was not fused)."""
-        if any(r is None or not r.HasField("pulled") for r in responses):
-            return None
-        return self._take_pulls([(r.pulled, r.pulled.dense) for r in responses],
-                                [True] * len(responses))
+        given that push's `responses`: once, and only for the last `push_gradients` (a
+        streamed answer is held until then); None when a shard did not answer one (the push
+        was not fused, or held)."""
+        answers = []
+        for shard, response in enumerate(responses):
+            kept = self._then_pulled.pop(shard, None)
+            if kept is None or kept[0] is not response:
+                return None
+            answers.append(kept[1:])
+        return self._take_pulls(answers, [True] * len(responses))
 
     def _pull_unary(self, shard, full_precision):
         """Whether a dense pull from `shard` goes unary (see the module's rule)."""
@@ -250,8 +256,7 @@ class PSClient(ShardControl):
             incarnations: per shard, the incarnation `versions` were pulled from (default:
                 that of the last pull).
             then_pull: each shard answers, with its push, every dense value as it is once
-                the push is answered, without waiting for a round (see `pulled`). Only where
-                `fuses_pulls()`.
+                the push is answered, without waiting for a round (see `pulled`).
 
         Returns:
             The shards' `PushGradientsResponse`s in shard order, None for a shard not pushed to.
@@ -275,9 +280,13 @@ class PSClient(ShardControl):
                 if then_pull:
                     header["then_pull"] = pserver_pb2.PullDenseRequest(
                         known_version=-1, known_incarnation=self._incarnations[i])
-                calls[i] = self._push_call(stub, header, tensors)
+                calls[i] = self._push_call(i, stub, header, tensors)
             for i, call in calls.items():
-                responses[i] = call.result()
+                responses[i] = response = call.result()
+                if isinstance(call, _PushPull) and call.pulled is not None:
+                    self._then_pulled[i] = (response, *call.pulled)
+                elif response.HasField("pulled"):
+                    self._then_pulled[i] = (response, response.pulled, response.pulled.dense)
             shards = [i for i in shards if responses[i].held]
             if shards:
                 time.sleep(pause)
@@ -296,14 +305,18 @@ class PSClient(ShardControl):
                         rows[where], ids[where], (0, rows.shape[1]))))
         return pairs
 
-    def _push_call(self, stub, header, tensors):
-        """A push to one shard, unary or streamed (see the module's rule): its future."""
-        if self._push_unary(tensors):
+    def _push_call(self, shard, stub, header, tensors):
+        """A push to one shard, unary or streamed (see the module's rule): its future (a
+        `_PushPull` when the push carries a pull too large for a unary answer)."""
+        fused = "then_pull" in header
+        if self._push_unary(tensors) and (not fused or self._pull_unary(shard, False)):
             request = pserver_pb2.PushGradientsRequest(
                 gradients=[tensor_codec.to_message(t) for t in tensors], **header)
             return stub.PushGradients.future(request)
         parts = tensor_stream.push_parts(pserver_pb2.PushHeader(**header), tensors,
                                          self.transfer)
+        if fused:
+            return _PushPull(stub.PushPullStream(parts))
         return stub.PushGradientsStream.future(parts)
 
     def _push_unary(self, tensors):
@@ -353,3 +366,26 @@ class PSClient(ShardControl):
         for channel in self._channels + self._retired:
             channel.close()
 
+
+
+class _PushPull:
+    """A `PushPullStream` call to one shard: `result()` waits for the push's answer and the
+    pull after it (`pulled`: first part and tensors, None when the push was held)."""
+
+    def __init__(self, frames):
+        self._frames = frames
+        self.pulled = None
+
+    def result(self):
+        """The push's `PushGradientsResponse`.
+
+        Raises:
+            PayloadError: the answer was corrupt, or did not answer the push first.
+        """
+        first, tensors = tensor_stream.read_pull(self._frames)
+        if not first.HasField("pushed"):
+            raise PayloadError("A PushPullStream answers its push in its first part. "
+                               "Received: a first part without it")
+        if not first.pushed.held:
+            self.pulled = (first, tensors)
+        return first.pushed

@@ -95,16 +95,18 @@ class PullDenseResponse(_message.Message):
     def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PullDensePart(_message.Message):
-    __slots__ = ("initialized", "model_version", "pieces", "incarnation")
+    __slots__ = ("initialized", "model_version", "pieces", "incarnation", "pushed")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIECES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     model_version: int
     pieces: _containers.RepeatedCompositeFieldContainer[_transfer_pb2.TransferPiece]
     incarnation: int
-    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    pushed: PushGradientsResponse
+    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[_transfer_pb2.TransferPiece, _Mapping]]] = ..., incarnation: _Optional[int] = ..., pushed: _Optional[_Union[PushGradientsResponse, _Mapping]] = ...) -> None: ...
 
 class PullEmbeddingRequest(_message.Message):
     __slots__ = ("ids", "read_only", "full_precision")

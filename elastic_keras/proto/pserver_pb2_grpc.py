@@ -60,6 +60,11 @@ class PServerStub:
                 request_serializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
                 response_deserializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
                 _registered_method=True)
+        self.PushPullStream = channel.stream_stream(
+                '/elastic_keras.PServer/PushPullStream',
+                request_serializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
+                response_deserializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
+                _registered_method=True)
         self.PullEmbedding = channel.unary_unary(
                 '/elastic_keras.PServer/PullEmbedding',
                 request_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PullEmbeddingRequest.SerializeToString,
@@ -122,6 +127,15 @@ class PServerServicer:
 
     def PushGradientsStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushPullStream(self, request_iterator, context):
+        """A streamed push whose header asks `then_pull`, answered by its response and the pull's
+        parts in one stream (PullDensePart frames): a step's push and the next step's pull of
+        values too large for one unary answer, in one round trip.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -190,6 +204,11 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.PushGradientsStream,
                     request_deserializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
                     response_serializer=elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.SerializeToString,
+            ),
+            'PushPullStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushPullStream,
+                    request_deserializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
+                    response_serializer=elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
             ),
             'PullEmbedding': grpc.unary_unary_rpc_method_handler(
                     servicer.PullEmbedding,
@@ -357,6 +376,33 @@ class PServer:
             '/elastic_keras.PServer/PushGradientsStream',
             elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
             elastic__keras_dot_proto_dot_pserver__pb2.PushGradientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPullStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/elastic_keras.PServer/PushPullStream',
+            elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.SerializeToString,
+            elastic__keras_dot_proto_dot_transfer__pb2.TransferFrame.FromString,
             options,
             channel_credentials,
             insecure,

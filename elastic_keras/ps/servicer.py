@@ -65,6 +65,7 @@ AUTHORITY = {
     "PullDenseStream": {auth.Role.WORKER, auth.Role.MASTER},
     "PushGradients": {auth.Role.WORKER},
     "PushGradientsStream": {auth.Role.WORKER},
+    "PushPullStream": {auth.Role.WORKER},
     "PullEmbedding": {auth.Role.WORKER, auth.Role.MASTER},
     "PullTable": {auth.Role.MASTER},
     "PrepareCheckpoint": {auth.Role.MASTER},
@@ -269,6 +270,26 @@ class PServerServicer(pserver_pb2_grpc.PServerServicer):
             header, gradients = tensor_stream.read_push(
                 request_iterator, self._parameters.limits.max_push_bytes)
         return self._push(header, gradients, context, "PushGradientsStream")
+
+    def PushPullStream(self, request_iterator, context):
+        with _abort_on_domain_errors(context, "PushPullStream"):
+            header, gradients = tensor_stream.read_push(
+                request_iterator, self._parameters.limits.max_push_bytes)
+        if not header.HasField("then_pull"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "PushPullStream: the push's header must ask then_pull. "
+                          "Received: a header without it")
+        pull = pserver_pb2.PullDenseRequest()
+        pull.CopyFrom(header.then_pull)
+        header.ClearField("then_pull")  # pulled below, streamed
+        pushed = self._push(header, gradients, context, "PushPullStream")
+        if pushed.held:
+            yield from tensor_stream.pull_parts(False, pushed.model_version, [],
+                                                self._transfer, pushed=pushed)
+            return
+        result, tensors = self._pull(pull, context)
+        yield from tensor_stream.pull_parts(result.initialized, result.model_version, tensors,
+                                            self._transfer, result.incarnation, pushed)
 
     def PullEmbedding(self, request, context):
         with _abort_on_domain_errors(context, "PullEmbedding"):

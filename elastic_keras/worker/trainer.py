@@ -314,10 +314,8 @@ class Trainer(Replica):
         return Computed(loss, gradients, deltas, embedding_grads, versions, incarnations)
 
     def push(self, sequence, computed, shards=None, then_pull=False):
-        # One round trip for the push and the next pull, where the pull's answer is small
-        # enough to come back in the push's (see `PSClient.fuses_pulls`).
-        every = shards is None or len(set(shards)) == self.num_ps
-        fused = then_pull and every and self._ps.fuses_pulls()
+        # One round trip for the push and the next pull (see `PSClient.push_gradients`).
+        fused = then_pull and (shards is None or len(set(shards)) == self.num_ps)
         self._fetched = None
         responses = self._through_outages("a push", lambda: self._ps.push_gradients(
             self._worker_id, sequence, computed.versions, computed.gradients, computed.deltas,

@@ -20,6 +20,8 @@ The kinds (`KINDS`, 50 of them, and 3 kinds of stranger), by method:
     twice, float64 1e300 for float32 values and rows, a version from the future,
     sequence 2**63-1, a negative sequence, 14 bytes of lz4 announcing 256 MiB;
   PushGradientsStream: a corrupt chunk checksum, no header, garbage frame bytes;
+  PushPullStream: no then_pull, a corrupt chunk checksum, no header, NaN, a wrong shape,
+    from the master, as another worker;
   PullEmbedding: unknown table, float ids, 2-D ids;
   PullTable: negative rows_per_chunk, unknown table, from a worker;
   PrepareCheckpoint: NaN hold, a week's hold;
@@ -179,12 +181,18 @@ def bomb_push(shard):
     return [chunking.encode_frame(frame)]
 
 
-def stream_frames(corrupt):
+def stream_frames(corrupt, then_pull=None, value=None):
     options = tensor_stream.TransferOptions(compression="none")
     frames = list(tensor_stream.push_parts(
-        pserver_pb2.PushHeader(worker_id=0, sequence=LAST_SEQUENCE + 1),
-        options.encode([("w", np.ones((4, 3), np.float32))]), options))
+        pserver_pb2.PushHeader(worker_id=0, sequence=LAST_SEQUENCE + 1, then_pull=then_pull),
+        options.encode([("w", np.ones((4, 3), np.float32) if value is None else value)]),
+        options))
     return corrupt(frames)
+
+
+def push_pull(corrupt=lambda frames: frames, value=None):
+    """A PushPullStream request: a streamed push that asks `then_pull`."""
+    return lambda shard: stream_frames(corrupt, pserver_pb2.PullDenseRequest(), value)
 
 
 def flip_last_byte(frames):
@@ -198,6 +206,7 @@ def without_header(frames):
 
 
 WORKER, MASTER, OTHER_WORKER = ("worker", 0), ("master", 0), ("worker", 1)
+CLIENT_STREAMS = ("PushGradientsStream", "PushPullStream")
 INVALID, DENIED = {CODES.INVALID_ARGUMENT}, {CODES.PERMISSION_DENIED}
 
 # name -> (caller, method, request or a function of the shard giving it, allowed codes)
@@ -278,6 +287,17 @@ KINDS = {
                               lambda shard: stream_frames(without_header), INVALID),
     "Stream garbage frame": (WORKER, "PushGradientsStream",
                              lambda shard: [b"\xff" * 64], INVALID),
+    "PushPull without then_pull": (WORKER, "PushPullStream",
+                                   lambda shard: stream_frames(lambda frames: frames), INVALID),
+    "PushPull corrupt checksum": (WORKER, "PushPullStream", push_pull(flip_last_byte),
+                                  INVALID),
+    "PushPull without header": (WORKER, "PushPullStream", push_pull(without_header), INVALID),
+    "PushPull NaN": (WORKER, "PushPullStream",
+                     push_pull(value=np.full((4, 3), np.nan, np.float32)), INVALID),
+    "PushPull wrong shape": (WORKER, "PushPullStream", push_pull(value=np.ones(12, "f4")),
+                             INVALID),
+    "PushPull from the master": (MASTER, "PushPullStream", push_pull(), DENIED),
+    "PushPull as another worker": (OTHER_WORKER, "PushPullStream", push_pull(), DENIED),
     "PullEmbedding unknown table": (WORKER, "PullEmbedding", pserver_pb2.PullEmbeddingRequest(
         ids=[dense("nope", np.array([1], np.int64))]), INVALID),
     "PullEmbedding float ids": (WORKER, "PullEmbedding", pserver_pb2.PullEmbeddingRequest(
@@ -341,7 +361,7 @@ def test_a_hostile_request_is_refused_by_name_and_changes_nothing(shard, kind):
     (role, index), method, request, codes = KINDS[kind]
     before = shard.state()
     request = request(shard) if callable(request) else request
-    if method == "PushGradientsStream":
+    if method in CLIENT_STREAMS:
         request = iter(request)
     got = answer(shard.stub(shard.token(role, index)), method, request)
     assert got != CODES.OK and got[0] in codes, (kind, got)
@@ -360,7 +380,7 @@ def test_strangers_are_refused_on_every_method(shard, stranger):
         if raw is not None:
             got = answer(type("S", (), {"m": staticmethod(raw)}), "m", b"")
         else:
-            got = answer(stub, method, iter([b""]) if method == "PushGradientsStream"
+            got = answer(stub, method, iter([b""]) if method in CLIENT_STREAMS
                          else pserver_pb2.PullDenseRequest())
         assert got != CODES.OK and got[0] == CODES.UNAUTHENTICATED, (method, got, request.name)
     assert shard.state() == before

@@ -1,6 +1,8 @@
-"""A push that carries the next pull (`then_pull`), over gRPC to real shards on 127.0.0.1:
-exactly once holds, a synchronous push's pull waits for its round, and a worker trains on
-what its pushes bring back without another call."""
+"""A push that carries the next pull (`then_pull`), over gRPC to real shards on 127.0.0.1,
+both unary (`PushGradients` with the values in its answer) and streamed (`PushPullStream`,
+as pushes with a codec and models too large for one unary answer go): exactly once holds, a
+synchronous push's pull waits for its round, and a worker trains on what its pushes bring
+back without another call."""
 
 import concurrent.futures
 import json
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 from elastic_keras.common.ps_client import PSClient
+from elastic_keras.common.transfer.tensor_stream import TransferOptions
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.worker.trainer import Trainer
@@ -31,11 +34,19 @@ def shards(request):
         server.stop(0)
 
 
+# How a client sends: "none" goes unary (the values are small), "snappy" streamed.
+TRANSFERS = {"unary": TransferOptions(), "streamed": TransferOptions(compression="snappy")}
+
+
+@pytest.fixture(params=sorted(TRANSFERS))
+def transfer(request):
+    return TRANSFERS[request.param]
+
+
 @pytest.fixture
-def client(shards):
-    """A `PSClient` of `shards` that gave them `INITIAL` and pulled once (small answers:
-    its pushes may carry the next pull)."""
-    client = PSClient(shards[1])
+def client(shards, transfer):
+    """A `PSClient` of `shards` that gave them `INITIAL` and pulled once."""
+    client = PSClient(shards[1], transfer=transfer)
     client.init_model(INITIAL, SGD)
     client.pull_dense()
     yield client
@@ -57,14 +68,15 @@ def _values(parameters):
 
 def test_a_retried_fused_push_is_applied_once_and_answers_its_pull_both_times(shards, client):
     parameters, _ = shards
-    assert client.fuses_pulls()
     first = _push(client, 0, 5, [0, 0])
+    pulls = [client.pulled(first)]
     again = _push(client, 0, 5, [0, 0])  # the same minibatch sent again
+    pulls.append(client.pulled(again))
+    assert client.pulled(first) is None  # a push's pull is taken once, after that push
     assert [r.accepted for r in first] == [True, True]
     assert [r.reason for r in again] == ["duplicate", "duplicate"]
     assert [p.version for p in parameters] == [1, 1]
-    for responses in (first, again):
-        initialized, versions, values = client.pulled(responses)
+    for initialized, versions, values in pulls:
         assert initialized and versions == [1, 1]
         for name, value in _values(parameters).items():
             np.testing.assert_array_equal(values[name], value)
@@ -91,22 +103,24 @@ def test_a_stale_synchronous_push_is_refused_whole_and_brings_the_current_values
 def test_a_synchronous_push_waits_for_no_round_and_brings_the_values_as_they_are(shards,
                                                                                    client):
     parameters, _ = shards
-    other = PSClient(client.addresses)
+    other = PSClient(client.addresses, transfer=client.transfer)
     other.pull_dense()
     first = _push(client, 0, 1, [0, 0], 1.0)  # answered at once: the round stays open
     assert all(r.accepted for r in first)
     assert client.pulled(first)[1] == [0, 0]  # of the version before the round
     closing = _push(other, 1, 1, [0, 0], 3.0)
+    _, versions, values = other.pulled(closing)
     other.close()
-    _, versions, values = client.pulled(closing)
     assert versions == [1, 1]  # this push closed the round
     np.testing.assert_allclose(values["w"], [0.0] * 3)  # 1 - 0.5 * mean(1, 3)
 
 
 @sync(2)
-def test_a_synchronous_worker_whose_push_left_the_round_open_pulls_and_waits(shards):
+def test_a_synchronous_worker_whose_push_left_the_round_open_pulls_and_waits(shards,
+                                                                             transfer):
     _, addresses = shards
-    trainer = Trainer(SPEC, PSClient(addresses), worker_id=0, strategy="sync")
+    trainer = Trainer(SPEC, PSClient(addresses, transfer=transfer), worker_id=0,
+                      strategy="sync")
     rng = np.random.default_rng(1)
     trainer.train_minibatch(*batch(rng))  # its push joins round 0; the round stays open
     assert trainer._fetched.versions == [0, 0]
@@ -121,14 +135,16 @@ def test_a_synchronous_worker_whose_push_left_the_round_open_pulls_and_waits(sha
 
 
 @sync(1)
-def test_a_synchronous_worker_holds_the_shards_values_after_every_step(shards, monkeypatch):
+def test_a_synchronous_worker_holds_the_shards_values_after_every_step(shards, transfer,
+                                                                       monkeypatch):
     _, addresses = shards
     parameters_of = PSClient(addresses)
     pulls = []
     original = PSClient.pull_dense
     monkeypatch.setattr(PSClient, "pull_dense",
                         lambda self, *a, **k: pulls.append(1) or original(self, *a, **k))
-    trainer = Trainer(SPEC, PSClient(addresses), worker_id=0, strategy="sync")
+    trainer = Trainer(SPEC, PSClient(addresses, transfer=transfer), worker_id=0,
+                      strategy="sync")
     rng = np.random.default_rng(0)
     for step in range(1, 5):
         trainer.train_minibatch(*batch(rng))
@@ -146,3 +162,19 @@ def test_a_synchronous_worker_holds_the_shards_values_after_every_step(shards, m
     for name, value in shard_values.items():
         np.testing.assert_array_equal(held[name], value, err_msg=name)
     parameters_of.close()
+
+
+def test_a_fused_push_held_by_a_checkpoint_is_sent_again_and_brings_its_pull(shards, client):
+    parameters, _ = shards
+    assert client.prepare_checkpoint(1, hold_s=30) == {}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pushed = pool.submit(_push, client, 0, 1, [0, 0])
+        with pytest.raises(concurrent.futures.TimeoutError):
+            pushed.result(timeout=0.3)  # held, answered `held`, sent again and again
+        assert [p.version for p in parameters] == [0, 0]
+        client.release_checkpoint(1)
+        responses = pushed.result(timeout=30)
+    assert [r.accepted for r in responses] == [True, True]
+    initialized, versions, values = client.pulled(responses)
+    assert initialized and versions == [1, 1]
+    np.testing.assert_allclose(values["w"], [0.5] * 3)

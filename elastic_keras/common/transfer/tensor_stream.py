@@ -212,15 +212,18 @@ def read_push(frames, max_bytes=None):
     return header, joiner.finish()
 
 
-def pull_parts(initialized, model_version, tensors, options, incarnation=0):
+def pull_parts(initialized, model_version, tensors, options, incarnation=0, pushed=None):
     """The frames (`TransferFrame` bytes of `PullDensePart`s) of a streamed dense pull, made
-    lazily as they are sent."""
+    lazily as they are sent; `pushed`, a `PushGradientsResponse`, goes in the first (the
+    answer of a `PushPullStream`)."""
     frames = chunking.split_tensors(tensors, options.compression, options.chunk_bytes,
                                     pserver_pb2.PullDensePart)
     first = next(frames, None) or chunking.Frame(pserver_pb2.PullDensePart(), [])
     first.message.initialized = initialized
     first.message.model_version = model_version
     first.message.incarnation = incarnation
+    if pushed is not None:
+        first.message.pushed.CopyFrom(pushed)
     yield chunking.encode_frame(first)
     for frame in frames:
         yield chunking.encode_frame(frame)
