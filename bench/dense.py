@@ -11,7 +11,11 @@ step (tracing included) to its last, not process start-up:
   no export); the job summary's examples/s;
 - `keras_fit`: `model.fit` of the same Keras 3 module in one process;
 - `pss`: `bench.pss` (tf_keras rebuild of the architecture, steps of `batch` records,
-  about as many examples as the others: a multiple of 10 steps when there are 10 or more).
+  about as many examples as the others: a multiple of 10 steps when there are 10 or more);
+- `limit` (`bench.dense_limit`, line `dense/MODEL/limit`): the same training in one process
+  by a `tf.function` step, plus raw gRPC moving a step's parameter bytes both ways once per
+  step, timed one after the other: what a worker and its PS could reach if the platform cost
+  nothing beyond the step and its bytes; `config` holds both parts' seconds.
 
 Each side runs in processes of its own. One line per comparison: `value` is
 elastic_keras's, `peer_value` the peer's; `config.peer_peak_rss_mb` the peer's largest
@@ -35,7 +39,7 @@ import math
 import sys
 import time
 
-from bench import pss
+from bench import dense_limit, pss
 from bench.common import (
     ROOT, attempt, emit, epoch_seconds, errors, mnist_records, peak_rss_mb, run_child, run_side,
     side_times, steady_rate,
@@ -53,10 +57,8 @@ FULL_EPOCHS = {"mnist_cnn": 2, "mnist_mlp": 2}
 QUICK_EPOCHS = 2
 
 
-def fit_side(records, model, batch, epochs):
-    """Plain `model.fit` in this process; prints {"value": examples/s, "rss": MB, "steady":
-    examples/s of the epochs after the first}."""
-    import keras
+def minibatches(records, model, batch):
+    """(the model's spec, its minibatches of `batch` training records, records per pass)."""
     import tensorflow as tf
 
     from elastic_keras.common.model_spec import Mode, load_model_spec
@@ -69,9 +71,17 @@ def fit_side(records, model, batch, epochs):
     dataset = spec.minibatches(
         tf.data.TFRecordDataset([s.path for s in shards]), Mode.TRAINING, metadata, batch
     ).prefetch(tf.data.AUTOTUNE)
+    return spec, dataset, sum(s.num_records for s in shards)
+
+
+def fit_side(records, model, batch, epochs):
+    """Plain `model.fit` in this process; prints {"value": examples/s, "rss": MB, "steady":
+    examples/s of the epochs after the first}."""
+    import keras
+
+    spec, dataset, records = minibatches(records, model, batch)
     keras_model = spec.custom_model()
     keras_model.compile(optimizer=spec.optimizer(), loss=spec.loss)
-    records = sum(s.num_records for s in shards)
     ends = []
     timer = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
@@ -122,6 +132,8 @@ def run(quick, work_dir):
     for model, batch, epochs, worker_counts in plan:
         fit, fit_error = run_side(f"keras fit {model}", run_child, "bench.dense", "fit",
                                   records, model, batch, epochs)
+        limit, limit_error = run_side(f"limit {model}", run_child, "bench.dense", "limit",
+                                      records, model, batch, epochs)
         for workers in worker_counts:
             config = {"model": model, "batch": batch, "workers": workers, "ps": 1,
                       "epochs": epochs, "records_per_epoch": RECORDS}
@@ -137,6 +149,12 @@ def run(quick, work_dir):
             emit(f"dense/{model}/steady", {**config, "window": "epochs after the first"},
                  ours and ours["steady"], "examples/s", rss, peer="keras_fit",
                  peer_value=fit and fit["steady"], error=errors(error, fit_error))
+            emit(f"dense/{model}/limit",
+                 {**config, "seconds": side_times(elastic_keras=ours, limit=limit),
+                  **{key: limit and limit[key]
+                     for key in ("compute_s", "wire_s", "steps", "bytes_each_way")}},
+                 value, "examples/s", rss, peer="limit", peer_value=limit and limit["value"],
+                 error=errors(error, limit_error))
             if quick:
                 continue
             peer, peer_error = run_side(f"pss {model}", pss.train, model, files, batch, steps,
@@ -157,5 +175,7 @@ if __name__ == "__main__":
     records = pathlib.Path(records)
     if side == "fit":
         fit_side(records, model, int(batch), int(epochs))
+    elif side == "limit":
+        dense_limit.limit_side(*minibatches(records, model, int(batch)), int(epochs))
     else:
         elastic_side(records, model, int(batch), int(epochs), int(sys.argv[6]), *sys.argv[7:8])

@@ -217,3 +217,23 @@ def test_bench_minibatches_come_through_the_model_spec(tmp_path):
     assert batches[0][0]["cat"].shape == (256, 26)
     with pytest.raises(ModelSpecError, match="model_zoo.nowhere"):
         common.minibatches("model_zoo.nowhere", tf.data.TFRecordDataset(files), 256)
+
+
+def test_the_dense_limit_trains_every_step_and_moves_its_bytes_both_ways():
+    import numpy as np
+    import tensorflow as tf
+
+    from bench import dense_limit
+    from elastic_keras.common.model_spec import load_model_spec
+
+    spec = load_model_spec(str(common.ROOT), "bench.models.mnist_mlp")
+    rng = np.random.default_rng(0)
+    images = rng.random((96, 28, 28), dtype=np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (images, rng.integers(0, 10, 96))).batch(32)
+    steps, seconds, nbytes = dense_limit.train_loop(spec, dataset, 2)
+    assert steps == 6 and seconds > 0
+    assert nbytes == 4 * (784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10)
+    # one unary call a step, and a step over the chunk size streamed in chunks each way
+    assert dense_limit.wire_seconds(3, nbytes) > 0
+    assert dense_limit.wire_seconds(2, dense_limit.DEFAULT_CHUNK_BYTES + 1000) > 0
