@@ -108,8 +108,10 @@ def test_a_shard_back_without_a_checkpoint_gets_the_workers_copy(monkeypatch):
         w, b = held["out/kernel"][:, 0], held["out/bias"]
         error = 2 * (x @ w + b[0] - 1.0)
         now = empty.pull().dense
-        np.testing.assert_allclose(now["out/kernel"][:, 0], w - 0.1 * error * x, rtol=1e-5)
-        np.testing.assert_allclose(now["out/bias"], b - 0.1 * error, rtol=1e-5)
+        # float32 on both sides: an element near zero needs an absolute tolerance too
+        close = {"rtol": 1e-5, "atol": 1e-6}
+        np.testing.assert_allclose(now["out/kernel"][:, 0], w - 0.1 * error * x, **close)
+        np.testing.assert_allclose(now["out/bias"], b - 0.1 * error, **close)
     finally:
         client.close()
         for s in revived:
