@@ -50,8 +50,8 @@ HELD_RETRY_MAX_S = 0.5
 # more; a repeated SaveCheckpoint of a checkpoint answers what the shard wrote the first
 # time (without a cut: it rewrites the file atomically).
 _IDEMPOTENT = ("InitModel", "PullDense", "PullDenseStream", "PushGradients",
-               "PushGradientsStream", "PushPullStream", "PullEmbedding", "PullTable", "PrepareCheckpoint",
-               "SaveCheckpoint", "ReleaseCheckpoint", "LearningRate")
+               "PushGradientsStream", "PushPullStream", "PullEmbedding", "PullTable",
+               "PrepareCheckpoint", "SaveCheckpoint", "ReleaseCheckpoint", "LearningRate")
 
 
 class PSClient(ShardControl):
@@ -365,7 +365,6 @@ class PSClient(ShardControl):
     def close(self):
         for channel in self._channels + self._retired:
             channel.close()
-
 
 
 class _PushPull:
