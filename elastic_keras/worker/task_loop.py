@@ -11,8 +11,14 @@ first step), or a minibatch's loss is NaN or Inf under `--on-non-finite-loss fai
 (`skipped_minibatches["non_finite_loss"]`) and training goes on (in synchronous training
 the worker's next minibatch joins the round instead). A record `dataset_fn` cannot parse is
 named by its file and index (`RecordPipeline.find_bad_record`).
+
+The worker keeps the reader and pipelines of the `OPEN_FILES` files it read last, not of
+every file: a pipeline holds its traced input function and, for `batch_dataset_fn`, a live
+iterator's threads (about 5), so a job over thousands of files would hold thousands of
+threads. A task of a file that fell out opens it again (its index and trace, tens of ms).
 """
 
+import collections
 import logging
 import math
 import threading
@@ -33,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 WAIT_S = 0.3
 HAND_BACK_TIMEOUT_S = 10.0
+OPEN_FILES = 16
 
 
 class _Leaving(Exception):
@@ -59,16 +66,15 @@ class TaskLoop:
         self._trainer = trainer
         self._inference = inference or Inference(spec, [trainer])
         self._stop = stop or threading.Event()
-        self._readers = {}
-        self._pipelines = {}  # (path, mode) -> _Pipeline
+        self._open = collections.OrderedDict()  # path -> (reader, {mode: pipeline}), by use
 
     def run(self):
         """Returns when the master has no more tasks, or after leaving on `stop`."""
         try:
             self._run()
         finally:
-            for pipeline in self._pipelines.values():
-                pipeline.close()
+            while self._open:
+                self._close_oldest()
 
     def _run(self):
         while not self._stop.is_set():
@@ -157,15 +163,24 @@ class TaskLoop:
             logger.warning("Could not hand task %d back (%s)", task.task_id, exc.code().name)
 
     def _pipeline(self, path, mode):
-        """(the `RecordReader` of `path`, its pipeline for `mode`), made once."""
-        reader = self._readers.get(path)
-        if reader is None:
-            reader = self._readers[path] = open_reader(path, self._config.index_cache_dir)
-        pipeline = self._pipelines.get((path, mode))
-        if pipeline is None:
-            pipeline = self._pipelines[(path, mode)] = open_pipeline(
-                self._spec, mode, reader, self._config.minibatch_size)
-        return reader, pipeline
+        """(the `RecordReader` of `path`, its pipeline for `mode`), kept while `path` is
+        one of the `OPEN_FILES` files read last."""
+        opened = self._open.pop(path, None)
+        if opened is None:
+            opened = (open_reader(path, self._config.index_cache_dir), {})
+        self._open[path] = opened  # the most recent
+        while len(self._open) > OPEN_FILES:
+            self._close_oldest()
+        reader, pipelines = opened
+        if mode not in pipelines:
+            pipelines[mode] = open_pipeline(self._spec, mode, reader,
+                                            self._config.minibatch_size)
+        return reader, pipelines[mode]
+
+    def _close_oldest(self):
+        _, (_, pipelines) = self._open.popitem(last=False)
+        for pipeline in pipelines.values():
+            pipeline.close()
 
     def _batches(self, task, mode, state=None):
         """The minibatches of `task`'s records, through the module's `dataset_fn`.

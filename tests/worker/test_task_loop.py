@@ -1,6 +1,10 @@
 """The worker's task loop on real CSV records, a real shard on 127.0.0.1 and a fake master:
 what a task reports when the loss is NaN (`--on-non-finite-loss fail|skip`), when the module
-breaks the contract, and when `dataset_fn` cannot parse a record."""
+breaks the contract, and when `dataset_fn` cannot parse a record; and that a worker over many
+files keeps the pipelines of the few it read last."""
+
+import dataclasses
+import os
 
 import keras
 import numpy as np
@@ -13,6 +17,7 @@ from elastic_keras.common.ps_client import PSClient
 from elastic_keras.proto import master_pb2
 from elastic_keras.ps.consistency import UpdatePolicy
 from elastic_keras.ps.parameters import Parameters
+from elastic_keras.worker import task_loop
 from elastic_keras.worker.task_loop import TaskLoop
 from elastic_keras.worker.trainer import Trainer
 from tests.worker.shards import serve
@@ -186,3 +191,49 @@ def test_nan_gradients_of_a_finite_loss_are_never_pushed(tmp_path, shard):
     assert result["fatal"] == "non_finite_loss"
     _, parameters, _ = shard
     assert parameters.applied_pushes == {} and parameters.non_finite_pushes == 0
+
+
+def parse_batches(dataset, mode, metadata):
+    columns = dataset.map(lambda lines: tf.io.decode_csv(lines, [[0.0], [0.0]]))
+    return columns.map(lambda x, y: (tf.reshape(x, [-1, 1]), tf.reshape(y, [-1, 1])))
+
+
+class CountingMaster(FakeMaster):
+    """Notes the process's threads (native ones too) each time it is asked for a task."""
+
+    def __init__(self, tasks):
+        super().__init__(tasks)
+        self.threads = []
+
+    def get_task(self, worker_id):
+        self.threads.append(len(os.listdir("/proc/self/task")))
+        return super().get_task(worker_id)
+
+
+def test_a_worker_over_many_files_keeps_the_pipelines_of_the_last_few(tmp_path, monkeypatch):
+    """A `batch_dataset_fn` pipeline holds a live iterator's threads (about 5): over 10
+    files, twice, the worker holds those of the 2 files it read last, and a file it read
+    before opens again and trains."""
+    monkeypatch.setattr(task_loop, "OPEN_FILES", 2)
+    paths = [tmp_path / f"part-{i}.csv" for i in range(10)]
+    for path in paths:
+        path.write_text("x,y\n" + "\n".join(GOOD) + "\n")
+    tasks = [master_pb2.Task(task_id=i, type=master_pb2.TASK_TRAINING, path=str(path), start=0,
+                             end=len(GOOD)) for i, path in enumerate(paths * 2)]
+    parameters = Parameters(UpdatePolicy())
+    server, port = serve(parameters)
+    client = PSClient([f"127.0.0.1:{port}"], deadline_s=30)
+    try:
+        config = WorkerConfig(worker_id=3, master_addr="127.0.0.1:1", model_def="m",
+                              minibatch_size=2, index_cache_dir=str(tmp_path / "index"))
+        model_spec = dataclasses.replace(spec(), batch_dataset_fn=parse_batches)
+        master = CountingMaster(tasks)
+        TaskLoop(config, model_spec, master, Trainer(model_spec, client, worker_id=3)).run()
+    finally:
+        client.close()
+        server.stop(0)
+    assert [r["records_done"] for r in master.results] == [len(GOOD)] * 20
+    assert not any(r.get("error") for r in master.results)
+    assert parameters.applied_pushes == {3: 20 * len(GOOD) // 2}
+    # Two files open from the third task on; without the bound, 5 more threads a file.
+    assert max(master.threads[3:]) - master.threads[3] < 10, master.threads
