@@ -50,7 +50,7 @@ from elastic_keras.ps.consistency import (
     StalenessStats, SyncRound, UpdatePolicy, check_push_version,
 )
 from elastic_keras.ps.learning_rate import LearningRateMixin
-from elastic_keras.ps.shard_model import build_model, with_options
+from elastic_keras.ps.shard_model import build_model, warmed, with_options
 from elastic_keras.ps.shard_snapshots import SnapshotMixin
 from elastic_keras.ps.shard_types import (
     DUPLICATE, SKIPPED, STALE, InitResult, PullResult, PushResult,
@@ -167,7 +167,7 @@ class Parameters(SnapshotMixin, LearningRateMixin):
                     self._model = with_options(self._model, model.variable_options)
                     self._options_pending = False
                 return InitResult(initialized_now=False, model_version=self._version)
-            self._model = self._with_set_rate(model)
+            self._model = warmed(self._with_set_rate(model))
             self._version = self._min_version
             return InitResult(initialized_now=True, model_version=self._version)
 

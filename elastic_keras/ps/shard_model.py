@@ -171,6 +171,13 @@ def build_model(dense, optimizer_config, tables=(), options=(), lifecycle=ShardL
     return _new_model(values, optimizer_config, tables, checked_options, lifecycle)
 
 
+def warmed(model):
+    """`model`, its dense update being traced ahead of the first push (see
+    `OptimizerApplier.start_warm_up`): for a model a shard takes to train with."""
+    model.applier.start_warm_up()
+    return model
+
+
 def restore_model(snapshot, lifecycle=ShardLifecycle()):
     """The `ShardModel` of a `Snapshot`: built as `build_model` builds it from the snapshot's
     optimizer config and tables, then its values, optimizer state and table rows set.

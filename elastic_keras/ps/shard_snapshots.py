@@ -10,7 +10,7 @@ in its docstring, under the shard's lock, as the rest of `Parameters` does.
 import collections
 
 from elastic_keras.common.errors import PSError
-from elastic_keras.ps.shard_model import restore_model, take_snapshot
+from elastic_keras.ps.shard_model import restore_model, take_snapshot, warmed
 
 
 class SnapshotMixin:
@@ -50,7 +50,7 @@ class SnapshotMixin:
         with self._lock:
             if self._model is not None:
                 raise PSError("restore needs an empty shard: InitModel came first.")
-            self._model = self._with_set_rate(model)
+            self._model = warmed(self._with_set_rate(model))
             self._version = max(snapshot.version, self._min_version)
             self._steps = (snapshot.version if snapshot.table_steps is None
                            else snapshot.table_steps)

@@ -77,8 +77,31 @@ def test_compiled_apply_equals_eager_apply_and_traces_once(monkeypatch):
         eager.push(push)
     for name, value in eager.pull().dense.items():
         np.testing.assert_allclose(compiled.pull().dense[name], value, atol=1e-6)
-    assert compiled._model.applier.traces == 1
+    # One graph for the pushes' signature (table rows, kernel dense), one warmed up for a
+    # push of both dense; none past the cap.
+    assert compiled._model.applier.traces == 2
     assert eager._model.applier.traces == 0
+
+
+def test_the_update_of_a_dense_push_is_traced_before_it_comes(monkeypatch):
+    warm = shard()
+    assert warm._model.applier.traces == 1  # the warm-up, waited for
+    push = Push(0, 1, gradients=[("table", RNG.standard_normal((20, 4)).astype(np.float32)),
+                                 ("kernel", KERNEL)])
+    warm.push(push)
+    assert warm._model.applier.traces == 1  # that graph applied it
+    monkeypatch.setattr(optimizer_module, "MAX_COMPILED_SIGNATURES", 0)
+    eager = shard()
+    eager.push(push)
+    assert eager._model.applier.traces == 0
+    for name, value in eager.pull().dense.items():
+        np.testing.assert_allclose(warm.pull().dense[name], value, atol=1e-6)
+
+
+def test_a_push_during_the_warm_up_is_traced_once():
+    parameters = shard()  # the warm-up has just started, on its own thread
+    parameters.push(Push(0, 1, gradients=[("table", TABLE), ("kernel", KERNEL)]))
+    assert parameters._model.applier.traces == 1
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64])
