@@ -149,6 +149,7 @@ class Trainer(Replica):
             initial, *self._init_args, worker_id=self._worker_id))
         # Above any sequence a predecessor with this id had applied, whatever the clocks say.
         self._sequence = max(self._sequence, *(a.applied_sequence for a in answers))
+        self._loss = steps.converted(self._spec.loss)
         self._train_step = steps.compile_step(self._train_step_fn, "training step")
         self._forward = steps.compile_step(self._forward_fn, "forward pass")
         self._assign_all = steps.assigner(list({**self._trainable, **self._fixed}.values()))
@@ -333,7 +334,7 @@ class Trainer(Replica):
             context = LookupContext(self._row_pulls.rows, tape)
             with lookup_context(context):
                 predictions = self._model(features, training=True)
-                loss = self._spec.loss(labels, predictions)
+                loss = self._loss(labels, predictions)
                 # Checked by `compute`: autograph would turn an error raised here into its own.
                 self._loss_spec = tf.TensorSpec(getattr(loss, "shape", ()))
                 loss = tf.reduce_mean(loss)

@@ -167,3 +167,26 @@ def test_tables_looked_up_with_the_same_ids_are_pulled_in_one_call(shard):
     assert parameters.version == 3
     for table in ("linear", "factors"):
         assert sorted(_table_ids(parameters, table)[0].tolist()) == [1, 2, 3, 4]
+
+
+def branching_loss(labels, predictions):
+    """Python control flow on a tensor's value, as a module may write it."""
+    error = tf.reduce_mean(tf.square(predictions - labels))
+    if error > 100.0:
+        error = tf.sqrt(error)
+    return error
+
+
+def test_a_loss_that_branches_on_a_tensor_runs_in_the_compiled_step(shard, caplog):
+    """The step is traced without AutoGraph, the module's loss with it: its `if` becomes a
+    graph conditional, taken per minibatch, and the step is not run eagerly instead."""
+    _, client = shard
+    trainer = Trainer(dataclasses.replace(_spec(), loss=branching_loss), client, worker_id=0,
+                      embedding_threshold_params=THRESHOLD)
+    features = {"users": tf.constant([[1, 2, 3]], tf.int64),
+                "items": tf.constant([[4, 5]], tf.int64), "slot": tf.constant([[1]], tf.int64)}
+    far = trainer.train_minibatch(features, tf.constant([[1e4]]))
+    near = trainer.train_minibatch(features, tf.constant([[0.0]]))
+    assert 9e3 < far < 1.1e4  # the square root of an error of about 1e8
+    assert near < 100.0
+    assert "running eagerly" not in caplog.text
