@@ -88,10 +88,14 @@ def start_ps(tmp_path, keys):
     """Starts `python -m elastic_keras.ps` against a master; kills what is left at the end."""
     started = []
 
-    def start(master_address, *flags):
+    def start(master_address, *flags, master_lost_s=None):
+        """`master_lost_s`: the process's `MASTER_LOST_S` instead of the default 30 s."""
         log = open(tmp_path / f"ps{len(started)}.log", "w+")
+        program = ["-m", "elastic_keras.ps"] if master_lost_s is None else [
+            "-c", "import sys; from elastic_keras.ps import main; "
+            f"main.MASTER_LOST_S = {master_lost_s}; sys.exit(main.main())"]
         process = subprocess.Popen(
-            [sys.executable, "-m", "elastic_keras.ps", "--ps-id", "0", "--num-ps", "1",
+            [sys.executable, *program, "--ps-id", "0", "--num-ps", "1",
              "--master-addr", master_address, "--job-name", "ps-test",
              "--secret-file", keys.secret_file, *flags],
             stdout=log, stderr=subprocess.STDOUT,
@@ -192,13 +196,14 @@ def test_ps_exits_zero_on_sigterm(master, start_ps):
 
 @pytest.mark.slow
 def test_ps_exits_nonzero_when_the_master_is_gone(master, start_ps):
-    process = start_ps(master.address)
+    lost_s = 6.0  # the process's bound, for a short test: 30 s by default
+    process = start_ps(master.address, master_lost_s=lost_s)
     registered_address(master, process)
     master.server.stop(0)
     gone_at = time.monotonic()
-    code = wait_exit(process, ps_main.MASTER_LOST_S + 15)
+    code = wait_exit(process, lost_s + 15)
     assert code == RoleExitCode.MASTER_LOST != 0, output(process)
-    assert time.monotonic() - gone_at >= ps_main.MASTER_LOST_S - ps_main.HEARTBEAT_INTERVAL_S - 1
+    assert time.monotonic() - gone_at >= lost_s - ps_main.HEARTBEAT_INTERVAL_S - 1
     assert "it is gone" in output(process)
 
 
