@@ -111,6 +111,17 @@ class Roles:
             time.sleep(_TICK_S)
 
     def stop_all(self, grace_s):
+        """Stops every role: the workers first, each given `grace_s` to land its last push
+        and hand its task back while the parameter servers still answer, then the rest.
+        (Stopped together, a worker's push to a shard that had already exited waited until
+        the worker was killed.)"""
+        stops = [threading.Thread(target=self.engine.stop, args=(spec.role, grace_s),
+                                  name=f"stop-{spec.role.name}", daemon=True)
+                 for spec in self.engine.running() if spec.role.type == RoleType.WORKER]
+        for stop in stops:
+            stop.start()
+        for stop in stops:
+            stop.join()
         self.engine.stop_all(grace_s)
         self._keep_failed(self.engine.poll())
 
