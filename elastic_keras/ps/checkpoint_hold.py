@@ -90,6 +90,12 @@ class PushGate:
         """Holds every push from now on, for up to `hold_s` seconds; ends any earlier hold."""
         self._hold = Hold(checkpoint_id, time.monotonic() + hold_s)
 
+    @property
+    def holding(self):
+        """Whether a hold began and has not been ended (it may have run out): readable
+        without the lock, as a hint."""
+        return self._hold is not None
+
     def held_answer(self, worker_id, sequence, version):
         """The answer to a push of (`worker_id`, `sequence`) that a checkpoint holds back,
         from a shard at `version`; None when the push may go through."""

@@ -108,7 +108,10 @@ class SnapshotMixin:
 
     def held(self, worker_id, sequence):
         """The answer to a push of (`worker_id`, `sequence`) if a checkpoint holds it back,
-        else None: a cheap check before the push is decoded."""
+        else None: a cheap check before the push is decoded, without the lock while no
+        checkpoint holds pushes (`push` checks again under it)."""
+        if not self._gate.holding:
+            return None
         with self._lock:
             return self._gate.held_answer(worker_id, sequence, self._version)
 
