@@ -39,7 +39,12 @@ def converted(fn):
     def call(*args):
         return fn(*args)
 
-    graph_call = tf.autograph.to_graph(call)
+    try:
+        graph_call = tf.autograph.to_graph(call)
+    except Exception as exc:  # no source to read (an install without .py files)
+        logger.warning("The module's %s runs as written, not converted by AutoGraph: %s",
+                       getattr(fn, "__name__", fn), exc)
+        return fn
 
     def traced(*args):
         try:

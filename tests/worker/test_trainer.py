@@ -20,6 +20,7 @@ from elastic_keras.common.ps_client import PSClient
 from elastic_keras.layers import Embedding
 from elastic_keras.ps.parameters import Parameters
 from elastic_keras.ps.servicer import PServerServicer, add_to_server
+from elastic_keras.worker import steps
 from elastic_keras.worker.trainer import Trainer
 
 DIM = 4
@@ -190,3 +191,12 @@ def test_a_loss_that_branches_on_a_tensor_runs_in_the_compiled_step(shard, caplo
     assert 9e3 < far < 1.1e4  # the square root of an error of about 1e8
     assert near < 100.0
     assert "running eagerly" not in caplog.text
+
+
+def test_a_loss_autograph_cannot_convert_runs_as_written(monkeypatch, caplog):
+    def unreadable(fn):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(tf.autograph, "to_graph", unreadable)
+    assert steps.converted(branching_loss) is branching_loss
+    assert "branching_loss runs as written" in caplog.text and "source code" in caplog.text
