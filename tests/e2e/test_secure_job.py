@@ -25,7 +25,7 @@ def test_a_tls_job_trains_scales_and_refuses_strangers(digits_records, tmp_path)
     proc = start_cli(
         "train", "--model-zoo", ROOT / "model_zoo", "--model-def", "digits.digits_cnn",
         "--training-data", digits_records / "train", "--num-workers", 1, "--num-ps", 1,
-        "--minibatch-size", 16, "--num-epochs", 12, "--tls", "auto", "--output", out,
+        "--minibatch-size", 16, "--num-epochs", 20, "--tls", "auto", "--output", out,
         "--job-name", job, log_path=tmp_path / "job.log")
     try:
         worker_log = out / "logs" / "worker-0.log"
@@ -35,6 +35,10 @@ def test_a_tls_job_trains_scales_and_refuses_strangers(digits_records, tmp_path)
         path = job_locator._entry_path(job)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert entry["tls"]["target_name"] == f"{job}.elastic-keras"
+
+        scaled = run_cli("scale", "--job-name", job, "--num-workers", 2, timeout=60)
+        assert scaled.returncode == 0, scaled.stderr
+        assert "workers 1 -> 2" in scaled.stderr
 
         # A stranger with the master's address and no certificate or credential.
         stranger = MasterClient(entry["address"], deadline_s=2.0)
@@ -48,9 +52,9 @@ def test_a_tls_job_trains_scales_and_refuses_strangers(digits_records, tmp_path)
             shard.push_gradients(0, 10**15, [0], {"x": np.ones(1, np.float32)})
         shard.close()
 
-        scaled = run_cli("scale", "--job-name", job, "--num-workers", 2, timeout=60)
-        assert scaled.returncode == 0, scaled.stderr
-        assert "workers 1 -> 2" in scaled.stderr
+        # Scaled up while it trains: worker-1 starts before the job can end.
+        wait_for(lambda: "Scaled up: started worker-1" in (tmp_path / "job.log").read_text(),
+                 120, "worker-1 to start")
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
