@@ -333,11 +333,14 @@ class Master:
 
     def _shutdown(self, server):
         """Lets roles exit on their own after a good end (workers when told there are no
-        more tasks, PS at their next heartbeat), then stops whatever is left."""
+        more tasks, PS at their next heartbeat), then stops whatever is left. The workers
+        always go first: a worker's last push needs its shards, which leave once told the
+        job has finished (stopped together, such a push waited until the worker was killed)."""
         self.reports.no_more_tasks = True
         good_end = not self._error and not (self.tasks and self.tasks.failed)
         if good_end:
             self.roles.wait_for_exits(RoleType.WORKER, ROLE_EXIT_GRACE_S)
+        self.roles.stop_workers(STOP_GRACE_S)
         self.job_finished = True
         if good_end:
             self.roles.wait_for_exits(RoleType.PS, ROLE_EXIT_GRACE_S)

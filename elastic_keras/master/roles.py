@@ -110,11 +110,9 @@ class Roles:
             self._keep_failed(self.engine.poll())
             time.sleep(_TICK_S)
 
-    def stop_all(self, grace_s):
-        """Stops every role: the workers first, each given `grace_s` to land its last push
-        and hand its task back while the parameter servers still answer, then the rest.
-        (Stopped together, a worker's push to a shard that had already exited waited until
-        the worker was killed.)"""
+    def stop_workers(self, grace_s):
+        """Stops every worker, each given `grace_s` to land its last push and hand its task
+        back (SIGTERM, then SIGKILL), all at once; returns when none is left."""
         stops = [threading.Thread(target=self.engine.stop, args=(spec.role, grace_s),
                                   name=f"stop-{spec.role.name}", daemon=True)
                  for spec in self.engine.running() if spec.role.type == RoleType.WORKER]
@@ -122,6 +120,9 @@ class Roles:
             stop.start()
         for stop in stops:
             stop.join()
+        self._keep_failed(self.engine.poll())
+
+    def stop_all(self, grace_s):
         self.engine.stop_all(grace_s)
         self._keep_failed(self.engine.poll())
 
