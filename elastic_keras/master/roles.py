@@ -90,11 +90,14 @@ class Roles:
     def leave(self, worker_id):
         """Asks a worker to hand its task back and exit (SIGTERM), in the background."""
         self.leaving.add(worker_id)
-        threading.Thread(
-            target=self.engine.stop,
-            args=(RoleId(RoleType.WORKER, worker_id), WORKER_LEAVE_GRACE_S),
-            name=f"stop-worker-{worker_id}", daemon=True,
-        ).start()
+        self._stop_in_background(RoleId(RoleType.WORKER, worker_id), WORKER_LEAVE_GRACE_S)
+
+    def _stop_in_background(self, role, grace_s):
+        """`engine.stop(role, grace_s)` on a thread of its own, which is returned."""
+        thread = threading.Thread(target=self.engine.stop, args=(role, grace_s),
+                                  name=f"stop-{role.name}", daemon=True)
+        thread.start()
+        return thread
 
     def kill(self, role_type, index):
         self.engine.kill(RoleId(RoleType(role_type), index))
@@ -113,12 +116,8 @@ class Roles:
     def stop_workers(self, grace_s):
         """Stops every worker, each given `grace_s` to land its last push and hand its task
         back (SIGTERM, then SIGKILL), all at once; returns when none is left."""
-        stops = [threading.Thread(target=self.engine.stop, args=(spec.role, grace_s),
-                                  name=f"stop-{spec.role.name}", daemon=True)
-                 for spec in self.engine.running() if spec.role.type == RoleType.WORKER]
-        for stop in stops:
-            stop.start()
-        for stop in stops:
+        for stop in [self._stop_in_background(spec.role, grace_s)
+                     for spec in self.engine.running() if spec.role.type == RoleType.WORKER]:
             stop.join()
         self._keep_failed(self.engine.poll())
 
