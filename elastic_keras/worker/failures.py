@@ -18,6 +18,8 @@ import re
 import sysconfig
 import traceback
 
+import grpc
+
 from elastic_keras.common.errors import (
     MODEL_MODULE, NON_FINITE_LOSS, ElasticKerasError, ModelSpecError, NonFiniteLossError,
     PushRefused,
@@ -36,13 +38,16 @@ _LIBRARY_DIRS = tuple(
 
 def describe(exc):
     """`exc` in one line, with the frame of the user's code that raised it, if any."""
-    message = str(exc).strip()
+    name = type(exc).__name__
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        name, message = "RpcError", f"{exc.code().name}: {exc.details()}"  # not the call
+    else:
+        message = str(exc).strip()
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if "in user code:" in message and lines:
         text = lines[-1]  # TensorFlow puts the original error last
     else:
         text = lines[0] if lines else ""
-    name = type(exc).__name__
     if not text.startswith(f"{name}:"):
         text = f"{name}: {text}" if text else name
     frame = user_frame(exc, message)

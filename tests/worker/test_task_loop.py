@@ -1,7 +1,7 @@
 """The worker's task loop on real CSV records, a real shard on 127.0.0.1 and a fake master:
 what a task reports when the loss is NaN (`--on-non-finite-loss fail|skip`), when the module
-breaks the contract, and when `dataset_fn` cannot parse a record; and that a worker over many
-files keeps the pipelines of the few it read last."""
+breaks the contract, when `dataset_fn` cannot parse a record, and when a shard refuses a
+push; and that a worker over many files keeps the pipelines of the few it read last."""
 
 import dataclasses
 import os
@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from elastic_keras.common.config import WorkerConfig
+from elastic_keras.common.errors import PayloadError
 from elastic_keras.common.model_spec import ModelSpec
 from elastic_keras.common.ps_client import PSClient
 from elastic_keras.proto import master_pb2
@@ -237,3 +238,33 @@ def test_a_worker_over_many_files_keeps_the_pipelines_of_the_last_few(tmp_path, 
     assert parameters.applied_pushes == {3: 20 * len(GOOD) // 2}
     # Two files open from the third task on; without the bound, 5 more threads a file.
     assert max(master.threads[3:]) - master.threads[3] < 10, master.threads
+
+
+class FailingPush(Parameters):
+    """Refuses the `failing`-th push it is sent (counting from 1) as a bad payload."""
+
+    def __init__(self, failing):
+        super().__init__(UpdatePolicy())
+        self.failing, self.pushes = failing, 0
+
+    def push(self, push):
+        self.pushes += 1
+        if self.pushes == self.failing:
+            raise PayloadError(f"push {self.pushes} is refused here")
+        return super().push(push)
+
+
+def test_a_push_a_shard_refuses_fails_the_task_with_the_shards_answer(tmp_path):
+    """The task is reported failed after the minibatch that landed, its error the status and
+    details the shard answered (not the gRPC call's representation)."""
+    parameters = FailingPush(failing=2)
+    server, port = serve(parameters)
+    client = PSClient([f"127.0.0.1:{port}"], deadline_s=30)
+    try:
+        result, _ = run_task(tmp_path, ("overlap", parameters, client), GOOD)
+    finally:
+        client.close()
+        server.stop(0)
+    assert result["error"] == "RpcError: INVALID_ARGUMENT: push 2 is refused here"
+    assert (result["records_done"], result["minibatches"]) == (2, 1)
+    assert parameters.applied_pushes[3] == 1
