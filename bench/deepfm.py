@@ -88,8 +88,8 @@ def fit_side(data, rows, records, epochs):
     from bench.models import deepfm_hashed
 
     files = sorted(str(p) for p in pathlib.Path(data).glob("*.tfrecord"))
-    records = tf.data.TFRecordDataset(files)
-    dataset = minibatches(MODEL_DEF, records, BATCH).prefetch(tf.data.AUTOTUNE)
+    raw = tf.data.TFRecordDataset(files)
+    dataset = minibatches(MODEL_DEF, raw, BATCH).prefetch(tf.data.AUTOTUNE)
     model = deepfm_hashed.build_model(rows, plain=True)
     model.compile(optimizer=deepfm_hashed.optimizer(), loss=deepfm_hashed.loss)
     ends = []
