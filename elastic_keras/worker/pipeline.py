@@ -12,10 +12,10 @@ third.)
 A module with `batch_dataset_fn` gets a `StreamedPipeline`: its minibatches of raw records
 go through one queue, into one iterator that lives as long as the worker keeps the file open
 (`task_loop.OPEN_FILES`), so no task pays for a new iterator (14-50 ms for the DeepFM
-module, more than parsing a whole task of 8 minibatches). Each minibatch carries a tag through `batch_dataset_fn`, which must map it to
-exactly one minibatch of dense tensors, and each task ends with a marker that bypasses it
-(zeros of its structure): a minibatch it drops, splits or shrinks is named at once
-(`ModelSpecError`), never waited for.
+module, more than parsing a whole task of 8 minibatches). Each minibatch carries a tag
+through `batch_dataset_fn`, which must map it to exactly one minibatch of dense tensors, and
+each task ends with a marker that bypasses it (zeros of its structure): a minibatch it drops,
+splits or shrinks is named at once (`ModelSpecError`), never waited for.
 
 TensorFlow names a record that fails to parse by its place in the tensor it was parsing
 ("record 0" of a one-line `decode_csv`), which says nothing about the file. When a batch

@@ -14,41 +14,30 @@ import pytest
 from elastic_keras.common.config import JobConfig
 from elastic_keras.common.model_spec import load_model_spec
 from elastic_keras.master.console import Console
-from elastic_keras.master.instance_manager import (
-    InstanceManager, LocalEngineConfig, RoleId, RoleSpec, RoleType,
-)
+from elastic_keras.master.instance_manager import RoleId, RoleSpec, RoleType
 from elastic_keras.master import master as master_module
 from elastic_keras.master.master import Master
 from tests.conftest import ROOT
+from tests.master.test_master_auth import RecordingEngine
 
 
-class StopRecordingEngine(InstanceManager):
+class StopRecordingEngine(RecordingEngine):
     """Runs nothing; records each stop with whether the master had said the job finished."""
 
-    config_type = LocalEngineConfig
-
     def __init__(self, config=None, on_line=None):
-        self.roles, self.stops, self.master = [], [], None
-
-    def start(self, spec):
-        self.roles.append(spec)
-
-    def poll(self):
-        return []
-
-    def running(self):
-        return list(self.roles)
+        super().__init__(config, on_line)
+        self.stops, self.master = [], None
 
     def stop(self, role, grace_s):
         self.stops.append((role.name, self.master.job_finished))
-        self.roles = [s for s in self.roles if s.role != role]
+        self.started = [s for s in self.started if s.role != role]
 
     def kill(self, role):
         self.stop(role, 0)
 
     def stop_all(self, grace_s):
-        self.stops += [(s.role.name, self.master.job_finished) for s in self.roles]
-        self.roles = []
+        self.stops += [(s.role.name, self.master.job_finished) for s in self.started]
+        self.started = []
 
 
 @pytest.mark.parametrize("error", ["interrupted (Ctrl-C or SIGTERM)", ""])
