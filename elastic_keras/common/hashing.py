@@ -28,13 +28,13 @@ def mix64(values, out=None):
     z = np.array(values, dtype=_U64) if out is None else out
     if out is not None and out is not values:
         z[...] = values
-    with np.errstate(over="ignore"):
-        z += _U64(0x9E3779B97F4A7C15)
-        z ^= z >> _U64(30)
-        z *= _U64(0xBF58476D1CE4E5B9)
-        z ^= z >> _U64(27)
-        z *= _U64(0x94D049BB133111EB)
-        z ^= z >> _U64(31)
+    # Arithmetic on integer arrays wraps around silently (only numpy scalars warn).
+    z += _U64(0x9E3779B97F4A7C15)
+    z ^= z >> _U64(30)
+    z *= _U64(0xBF58476D1CE4E5B9)
+    z ^= z >> _U64(27)
+    z *= _U64(0x94D049BB133111EB)
+    z ^= z >> _U64(31)
     return z
 
 

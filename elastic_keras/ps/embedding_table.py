@@ -198,9 +198,10 @@ class EmbeddingTable:
         if not len(ids):
             return
         ids, grads = sum_repeated(ids, grads.astype(self.dtype, copy=False))
-        if self.admission is None:
+        slots = self._ids.recall(ids)  # the ids of a pull: found then, not looked up again
+        if slots is None and self.admission is None:
             slots = self._slots_of(ids)
-        else:  # rows are created by lookups only: an id not admitted has no row to update
+        elif slots is None:  # rows are created by lookups only: an id not admitted has no row to update
             slots = self._ids.lookup(ids)
             kept = slots >= 0
             self.counters.dropped_gradients += int(len(ids) - np.count_nonzero(kept))
@@ -342,6 +343,7 @@ class EmbeddingTable:
         absent = slots < 0
         self._recency.mark(slots[~absent], self._step)
         if not absent.any():
+            self._ids.remember(ids, slots)
             return slots
         new_ids, positions = distinct(ids[absent])
         admitted = (np.ones(len(new_ids), dtype=bool) if self.admission is None
@@ -361,6 +363,8 @@ class EmbeddingTable:
         for name, array in self._slots.items():
             array[created] = self._slot_initial[name]
         self.counters.admitted += len(new_ids)
+        if admitted.all():
+            self._ids.remember(ids, slots)
         return slots
 
     def _make_room(self, count, keep):

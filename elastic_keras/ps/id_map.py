@@ -22,6 +22,10 @@ past room for `most` ids where the caller knows its bound (a table with a row bu
 is rebuilt at its size when removed entries fill it: at its bound an id costs
 16 / `SIZED_LOAD` (about 27) bytes.
 
+A map also remembers the slots of its last `RECALLED` batches of ids found whole
+(`remember`), until an id is removed: a training step's push carries the very ids its pull
+looked up, and `recall` gives their slots back after one comparison instead of a lookup.
+
 Every operation works on whole batches of ids at once: each round of probing is a handful of
 vectorised gathers over the ids still unresolved. Insertion resolves collisions inside a
 batch by letting ids claim empty entries together and reading back which claim won.
@@ -42,6 +46,8 @@ Example:
     (3, [[42, 8, 0], [0, 1, 2]])
 """
 
+import collections
+
 import numpy as np
 
 from elastic_keras.common.hashing import mix64
@@ -49,6 +55,7 @@ from elastic_keras.ps.row_arrays import release_free_memory
 
 MAX_LOAD = 0.75  # the most entries (held and removed) a map has before it grows or rebuilds
 SIZED_LOAD = 0.6  # how full a map is made when it is (re)built for a number of ids
+RECALLED = 16  # batches of ids whose slots a map remembers (see `remember`)
 _MIN_CAPACITY = 16
 _EMPTY = -1
 _REMOVED = np.iinfo(np.int64).min  # the slot of a removed id's entry until the next rehash
@@ -74,6 +81,7 @@ class IdMap:
         self._next_slot = 0   # slots handed out so far: every slot is below it
         self._most = int(most)
         self._free = np.empty(0, dtype=np.int64)  # slots of removed ids, reused first
+        self._recalled = collections.OrderedDict()  # (len, first, last) -> (ids, slots)
         self._allocate(_capacity_for(expected))
 
     def __len__(self):
@@ -139,6 +147,24 @@ class IdMap:
             self._free_slots(freed)
         return slots[np.searchsorted(distinct, flat)].reshape(ids.shape)
 
+    def remember(self, ids, slots):
+        """Keeps the `slots` of 1-D `ids`, every one in the map, for `recall`; the map keeps
+        the last `RECALLED` batches, until an id is removed."""
+        if len(ids):
+            key = (len(ids), int(ids[0]), int(ids[-1]))
+            self._recalled[key] = (np.array(ids, dtype=np.int64), np.array(slots))
+            self._recalled.move_to_end(key)
+            if len(self._recalled) > RECALLED:
+                self._recalled.popitem(last=False)
+
+    def recall(self, ids):
+        """The slots of 1-D `ids` if `remember` kept them for these ids, in this order (no id
+        was removed since, so they are still what a lookup answers), else None."""
+        kept = self._recalled.get((len(ids), int(ids[0]), int(ids[-1]))) if len(ids) else None
+        if kept is None or not np.array_equal(kept[0], ids):
+            return None
+        return kept[1]
+
     def items(self):
         """(ids, slots) of every id in the map, ordered by slot."""
         ids, slots, _ = self.entries()
@@ -158,6 +184,8 @@ class IdMap:
 
     def _free_slots(self, freed):
         """Hands the slots of `freed` (of as many ids just removed) to later insertions."""
+        if len(freed):
+            self._recalled.clear()  # a freed slot may be handed to another id
         self._free = np.sort(np.concatenate([self._free, freed]))[::-1]  # lowest last
         self._size -= len(freed)
         self._removed += len(freed)

@@ -228,3 +228,21 @@ def test_a_stream_of_new_ids_under_a_row_budget_keeps_memory_flat():
     # The budget keeps the 10 latest batches, exactly.
     assert sorted(table.state().ids.tolist()) == sorted(np.concatenate(recent).tolist())
     assert sizes[-1] == sizes[50]  # from 100k ids seen to 400k, not one byte more
+
+
+def test_a_push_of_the_ids_a_pull_found_updates_their_rows_even_after_a_removal():
+    table, optimizer = adam_table(), adam()
+    pulled = np.array([10, 20, 30])
+    table.rows(pulled)  # the slots of a pull are remembered for its push
+    table.apply(pulled, np.ones((3, 4), np.float32), optimizer, step=1)
+    state = table.state()
+    assert np.all(state.slots["momentum"] > 0)
+    table.rows(pulled)
+    table.remove(np.array([20]))
+    newcomer = table.rows(np.array([99]))  # takes the place 20 had
+    table.apply(pulled, np.ones((3, 4), np.float32), optimizer, step=2)
+    np.testing.assert_array_equal(table.rows(np.array([99]), training=False), newcomer)
+    state = table.state()
+    assert state.ids.tolist() == [10, 99, 30, 20]
+    np.testing.assert_array_equal(state.slots["momentum"][1], 0.0)
+    assert np.all(state.slots["momentum"][[0, 2, 3]] > 0)

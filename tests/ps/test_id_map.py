@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from elastic_keras.ps.id_map import MAX_LOAD, SIZED_LOAD, IdMap
+from elastic_keras.ps.id_map import MAX_LOAD, RECALLED, SIZED_LOAD, IdMap
 
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 ADVERSARIAL = np.array([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1, -2])
@@ -71,6 +71,40 @@ def test_removals_free_slots_that_insertions_reuse_lowest_first():
     held = sorted(reference.slots.items(), key=lambda item: item[1])
     assert [a.tolist() for a in ids.items()] == [[i for i, _ in held], [s for _, s in held]]
     assert ids.slot_bound == reference.next
+
+
+def test_recall_answers_the_ids_remembered_and_nothing_else():
+    ids = IdMap()
+    batch = np.array([7, -3, 12, 40])
+    slots = ids.insert(batch)
+    ids.remember(batch, slots)
+    slots[:] = -5  # the map keeps its own copy
+    assert ids.recall(batch).tolist() == [0, 1, 2, 3]
+    assert ids.recall(np.array([7, 12, -3, 40])) is None  # same ends, another order
+    assert ids.recall(np.array([7, 40])) is None and ids.recall(np.array([], np.int64)) is None
+    for first in range(RECALLED):  # older batches make way for newer ones
+        more = np.array([100 + first, 200 + first])
+        ids.remember(more, ids.insert(more))
+    assert ids.recall(batch) is None and ids.recall(np.array([101, 201])).tolist() == [6, 7]
+
+
+def test_a_recalled_batch_always_answers_what_a_lookup_would():
+    rng = np.random.default_rng(3)
+    ids, reference, remembered, recalls = IdMap(), Reference(), [], 0
+    for round_ in range(300):
+        batch = np.unique(random_batch(rng, int(rng.integers(1, 600))))
+        action = ("insert", "remove", "insert", "lookup")[round_ % 4]
+        answer = getattr(ids, action)(batch)
+        assert answer.tolist() == getattr(reference, action)(batch), round_
+        if action == "insert":
+            ids.remember(batch, answer)
+            remembered.append(batch)
+        for earlier in remembered[-RECALLED - 2:]:
+            recalled = ids.recall(earlier)
+            if recalled is not None:  # dropped once an id is removed (its slot is reused)
+                assert recalled.tolist() == reference.lookup(earlier), round_
+                recalls += 1
+    assert recalls > 100 and ids.recall(remembered[-1]) is not None  # inserted last but one
 
 
 @pytest.mark.parametrize("most", [0, 120_000])
