@@ -201,7 +201,7 @@ class EmbeddingTable:
         slots = self._ids.recall(ids)  # the ids of a pull: found then, not looked up again
         if slots is None and self.admission is None:
             slots = self._slots_of(ids)
-        elif slots is None:  # rows are created by lookups only: an id not admitted has no row to update
+        elif slots is None:  # rows come from lookups only: an id not admitted has none
             slots = self._ids.lookup(ids)
             kept = slots >= 0
             self.counters.dropped_gradients += int(len(ids) - np.count_nonzero(kept))
