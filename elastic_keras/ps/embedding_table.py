@@ -207,8 +207,7 @@ class EmbeddingTable:
             self.counters.dropped_gradients += int(len(ids) - np.count_nonzero(kept))
             slots, grads = slots[kept], grads[kept]
         values = np.take(self._values, slots, axis=0)
-        slot_rows = {name: np.take(self._slots[name], slots, axis=0)
-                     for name in optimizer.slot_names}
+        slot_rows = {n: np.take(self._slots[n], slots, axis=0) for n in optimizer.slot_names}
         optimizer.apply(values, slot_rows, grads, step, lr_scale)
         self._step = max(self._step, int(step))
         self._recency.mark(slots, self._step)
