@@ -12,9 +12,7 @@ Lines (`phases/PHASE`, ms per step; `config.calls` per step):
 
 - `step`: the whole step as the task loop sees it (input excluded: batches are in memory);
 - `worker_compute`: `Trainer.compute`, the training step with its row pulls;
-- `prefetch`: `Trainer.prefetch`, finding the next step's ids and starting their pull;
-- `row_pulls`: `PSClient.pull_embeddings`, a step's embedding-row pulls (worker side; in
-  the background where they were started by `prefetch`);
+- `row_pulls`: `PSClient.pull_embeddings`, a step's embedding-row pulls (worker side);
 - `push`: `PSClient.push_gradients`, the push and the dense pull it carries (background);
 - `dense_pull`: `PSClient.pull_dense`, dense pulls not carried by a push;
 - `decode`: `tensor_stream.decode_tensors`, turning answers into arrays (worker side);
@@ -37,7 +35,6 @@ from bench.deepfm import BATCH, click_records
 
 PHASES = {
     "worker_compute": ("elastic_keras.worker.trainer", "Trainer", "compute"),
-    "prefetch": ("elastic_keras.worker.trainer", "Trainer", "prefetch"),
     "row_pulls": ("elastic_keras.common.ps_client", "PSClient", "pull_embeddings"),
     "push": ("elastic_keras.common.ps_client", "PSClient", "push_gradients"),
     "dense_pull": ("elastic_keras.common.ps_client", "PSClient", "pull_dense"),
@@ -104,16 +101,13 @@ def run(quick, work_dir):
     client = PSClient([f"127.0.0.1:{port}"], deadline_s=600)
     try:
         trainer = Trainer(spec, client, worker_id=0, strategy="overlap")
-        # As the task loop trains: with the next minibatch's features (its rows are pulled
-        # while this one computes).
-        upcoming = [features for features, _ in batches[1:]] + [None]
-        for (features, labels), ahead in zip(batches[:warmup], upcoming):
-            trainer.train_minibatch(features, labels, ahead)
+        for features, labels in batches[:warmup]:
+            trainer.train_minibatch(features, labels)
         trainer.flush()
         timers.on = True
         started = time.perf_counter()
-        for (features, labels), ahead in zip(batches[warmup:], upcoming[warmup:]):
-            trainer.train_minibatch(features, labels, ahead)
+        for features, labels in batches[warmup:]:
+            trainer.train_minibatch(features, labels)
         trainer.flush()
         elapsed = time.perf_counter() - started
         timers.on = False

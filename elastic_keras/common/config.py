@@ -106,9 +106,8 @@ class JobConfig:
     on_non_finite_loss: str = _shared("on_non_finite_loss")
     overlap_communication: bool = flag(
         True, help="Asynchronous training without --max-staleness: workers push a step's "
-        "gradients and pull fresh values, and the embedding rows of the minibatch after, "
-        "while the next step computes (that step then misses the worker's own previous "
-        "update; its rows may miss the two previous ones)."
+        "gradients and pull fresh values while the next step computes (that step then "
+        "misses the worker's own previous update)."
     )
     transfer: TransferOptions = _shared("transfer")
     limits: PayloadLimits = _shared("limits")

@@ -206,12 +206,10 @@ class TaskLoop:
         every = self._config.progress_report_minibatches
         size = task.end - task.start
         pending = []
-        batches = _with_next(self._batches(task, Mode.TRAINING, state))
-        for step, ((features, labels), upcoming) in enumerate(batches, 1):
+        for step, (features, labels) in enumerate(self._batches(task, Mode.TRAINING, state), 1):
             first = state["records_done"]
             done = min(size, first + _batch_size(labels))
-            loss = self._train_minibatch(task, step, (first, done), (features, labels, upcoming),
-                                         state)
+            loss = self._train_minibatch(task, step, (first, done), features, labels, state)
             state["records_done"] = done
             if loss is not None:
                 state["pushed"] += 1
@@ -232,16 +230,15 @@ class TaskLoop:
                 raise _Leaving()
         self._trainer.flush()
 
-    def _train_minibatch(self, task, step, records, batch, state):
-        """Trains one minibatch (`(features, labels, the next minibatch's features or
-        None)`); returns its loss, or None if it was skipped.
+    def _train_minibatch(self, task, step, records, features, labels, state):
+        """Trains one minibatch; returns its loss, or None if it was skipped.
 
         Raises:
             NonFiniteLossError: its loss is NaN or Inf, with `--on-non-finite-loss fail`; the
                 message names the minibatch, the task and the worker.
         """
         try:
-            return self._trainer.train_minibatch(*batch)
+            return self._trainer.train_minibatch(features, labels)
         except NonFiniteLossError as exc:
             where = (f"minibatch {step} (records [{task.start + records[0]}, "
                      f"{task.start + records[1]}) of {task.path}) of task {task.task_id} on "
@@ -273,21 +270,6 @@ class TaskLoop:
             yield batch
             if self._stop.is_set():
                 raise _Leaving()
-
-
-def _with_next(batches):
-    """`(batch, the next batch's features)` for each batch (None after the last): a batch is
-    read before the one ahead of it trains, so its rows can be pulled meanwhile. A batch
-    that cannot be read raises once the one before it has trained."""
-    batch = next(batches, None)
-    while batch is not None:
-        try:
-            upcoming = next(batches, None)
-        except Exception:
-            yield batch, None
-            raise
-        yield batch, None if upcoming is None else upcoming[0]
-        batch = upcoming
 
 
 def _batch_size(labels):

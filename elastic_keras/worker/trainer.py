@@ -25,6 +25,7 @@ twice. A shard that comes back without a checkpoint holds no model; the worker t
 it its own copy of the dense variables (InitModel keeps the first offer).
 """
 
+import json
 import logging
 import math
 import threading
@@ -43,12 +44,11 @@ from elastic_keras.layers.lookup_context import (
     LookupContext, lookup_context, merge_row_gradients,
 )
 from elastic_keras.layers.tables import ps_tables
+from elastic_keras.proto import pserver_pb2
 from elastic_keras.worker import steps, strategies
-from elastic_keras.worker.row_pulls import RowPulls, looked_up_ids
+from elastic_keras.worker.row_pulls import RowPulls
 from elastic_keras.worker.strategies import Computed, Minibatch, Pulled, Replica
-from elastic_keras.worker.variables import (
-    described, non_trainable_deltas, table_specs, variable_options,
-)
+from elastic_keras.worker.variables import non_trainable_deltas, variable_options
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +103,7 @@ class Trainer(Replica):
         self._tables = []
         self._looked_up = []  # (table, ...) of each lookup of the traced step, in order
         self._row_pulls = RowPulls(lambda ids_by_table: self._through_outages(
-            "an embedding lookup", lambda: self._ps.pull_embeddings(ids_by_table)),
-            pull_ahead=lambda ids_by_table: self._ps.pull_embeddings(ids_by_table))
+            "an embedding lookup", lambda: self._ps.pull_embeddings(ids_by_table)))
         self._versions = None
         self._incarnations = None  # of the shards the assigned values came from
         self._fetched = None  # the `Pulled` the last push brought back, not yet taken
@@ -113,7 +112,6 @@ class Trainer(Replica):
         self._sequence = time.time_ns()
         self._train_step = None
         self._forward = None
-        self._ids_ahead = None  # features -> the (table, ids) a step looks up, in order
         self._loss_spec = None  # what `loss(labels, predictions)` returned, when traced
 
     @property
@@ -139,8 +137,14 @@ class Trainer(Replica):
         optimizer = self._spec.optimizer()
         self._prep = GradientPrep.of(optimizer)
         optimizer_config = shard_config(keras.optimizers.serialize(optimizer))
-        self._init_args = (optimizer_config, table_specs(self._tables),
-                           variable_options(optimizer, self._trainable, self._fixed))
+        self._init_args = (optimizer_config, [
+            pserver_pb2.EmbeddingTableSpec(
+                name=t.name, dim=t.dim, input_dim=t.input_dim, dtype=t.dtype,
+                initializer=json.dumps(t.initializer_config),
+                **{k: v for k, v in t.lifecycle.items() if v is not None},
+            )
+            for t in self._tables
+        ], variable_options(optimizer, self._trainable, self._fixed))
         answers = self._through_outages("InitModel", lambda: self._ps.init_model(
             initial, *self._init_args, worker_id=self._worker_id))
         # Above any sequence a predecessor with this id had applied, whatever the clocks say.
@@ -148,9 +152,14 @@ class Trainer(Replica):
         self._loss = steps.converted(self._spec.loss)
         self._train_step = steps.compile_step(self._train_step_fn, "training step")
         self._forward = steps.compile_step(self._forward_fn, "forward pass")
-        self._ids_ahead = looked_up_ids(model)
         self._assign_all = steps.assigner(list({**self._trainable, **self._fixed}.values()))
-        logger.info("Model built: %s", described(self._trainable, self._fixed, self._tables))
+        logger.info(
+            "Model built: %d trainable and %d other dense variables (%d parameters); "
+            "embedding tables on the parameter servers: %s",
+            len(self._trainable), len(self._fixed),
+            sum(int(np.prod(v.shape)) for v in {**self._trainable, **self._fixed}.values()),
+            ", ".join(f"{t.name} (dim {t.dim})" for t in self._tables) or "none",
+        )
 
     def _through_outages(self, what, call):
         """`call()`, retried while a parameter server is unreachable or lacks its model,
@@ -344,16 +353,9 @@ class Trainer(Replica):
 
     # -- training and evaluation -----------------------------------------------------------
 
-    def prefetch(self, features):
-        """Starts pulling the rows the next step looks up for `features` (see `RowPulls`):
-        their ids come from the model run on `features` for its ids alone."""
-        if self._model is not None and self._tables:
-            self._row_pulls.ahead(self._ids_ahead(features))
-
-    def train_minibatch(self, features, labels, upcoming=None):
+    def train_minibatch(self, features, labels):
         """Computes the minibatch's gradients and has the update strategy push them under
-        one sequence number; returns the minibatch's loss. `upcoming`: the features of the
-        minibatch trained next, where known (the strategy may pull its rows meanwhile).
+        one sequence number; returns the minibatch's loss.
 
         Raises:
             PushRefused: a shard refused the minibatch for good (a strategy that pushes in
@@ -362,7 +364,7 @@ class Trainer(Replica):
         """
         self._ensure_model(features)
         self._sequence += 1  # the minibatch's, for every push of it
-        return self._strategy.train(Minibatch(features, labels, self._sequence, upcoming))
+        return self._strategy.train(Minibatch(features, labels, self._sequence))
 
     def after_landed(self, call):
         """Runs `call()` once every push made so far has landed (see the strategy's

@@ -1,6 +1,6 @@
-"""What the worker derives from the model's variables: the options the shards need to
-apply updates to them and the specs of its tables (InitModel), a line describing them, and
-what a training step changed in the non-trainable ones (sent as deltas)."""
+"""What the worker derives from the model's dense variables: the options the shards need
+to apply updates to them (InitModel), and what a training step changed in the non-trainable
+ones (sent as deltas)."""
 
 import json
 
@@ -9,24 +9,6 @@ import numpy as np
 
 from elastic_keras.common.errors import ModelSpecError
 from elastic_keras.proto import pserver_pb2
-
-
-def described(trainable, fixed, tables):
-    """A line on a built model: its dense variables (`{name: variable}`, trainable and
-    not) and its tables on the parameter servers (`ps_tables`)."""
-    size = sum(int(np.prod(v.shape)) for v in {**trainable, **fixed}.values())
-    return (f"{len(trainable)} trainable and {len(fixed)} other dense variables ({size} "
-            "parameters); embedding tables on the parameter servers: "
-            + (", ".join(f"{t.name} (dim {t.dim})" for t in tables) or "none"))
-
-
-def table_specs(tables):
-    """The `EmbeddingTableSpec` of each of the model's tables (`ps_tables`), for InitModel."""
-    return [pserver_pb2.EmbeddingTableSpec(
-        name=t.name, dim=t.dim, input_dim=t.input_dim, dtype=t.dtype,
-        initializer=json.dumps(t.initializer_config),
-        **{k: v for k, v in t.lifecycle.items() if v is not None},
-    ) for t in tables]
 
 
 def non_trainable_deltas(before, variables):

@@ -1,6 +1,5 @@
 """`RowPulls`: tables looked up with equal ids are pulled together from the next step on,
-the next step's rows are pulled ahead where its ids are known, and rows are only ever
-served for the ids and the step they were pulled for."""
+and rows are only ever served for the ids and the step they were pulled for."""
 
 import numpy as np
 import pytest
@@ -104,42 +103,3 @@ def test_a_failed_pull_leaves_nothing_behind(shards):
     pulls._pull = shards
     np.testing.assert_array_equal(pulls.rows("linear", np.array([1])),
                                   _rows_of("linear", np.array([1])))
-
-
-def test_rows_pulled_ahead_serve_the_next_step_in_one_call(shards):
-    pulls = RowPulls(pull=lambda ids_by_table: pytest.fail("the step pulled"), pull_ahead=shards)
-    a, b = np.array([4, 1]), np.array([6])
-    pulls.ahead([("linear", a), ("factors", a), ("linear", b)])
-    with pytest.raises(pytest.fail.Exception):
-        pulls.rows("linear", a)  # this step's lookups are not the next step's
-    pulls.end_step()
-    np.testing.assert_array_equal(pulls.rows("linear", a), _rows_of("linear", a))
-    np.testing.assert_array_equal(pulls.rows("factors", a), _rows_of("factors", a))
-    assert shards.calls == [["factors", "linear"]]  # one call, a table's first lookup
-    pulls._pull = shards
-    np.testing.assert_array_equal(pulls.rows("linear", b), _rows_of("linear", b))
-    assert shards.calls[-1] == ["linear"]  # its second lookup pulls on its own
-    pulls.end_step()
-    pulls.rows("factors", a)  # nothing pulled ahead for this step: its own pull
-    assert len(shards.calls) == 3
-
-
-def test_a_lookup_whose_ids_were_not_announced_pulls_its_own(shards):
-    pulls = RowPulls(shards)
-    pulls.ahead([("linear", np.array([1, 2]))])
-    pulls.end_step()
-    np.testing.assert_array_equal(pulls.rows("linear", np.array([2, 1])),
-                                  _rows_of("linear", np.array([2, 1])))
-    assert shards.calls == [["linear"], ["linear"]]
-
-
-def test_a_failed_pull_ahead_leaves_the_step_to_pull_its_rows(shards):
-    def failing(ids_by_table):
-        raise RuntimeError("shard down")
-
-    pulls = RowPulls(shards, pull_ahead=failing)
-    ids = np.array([3])
-    pulls.ahead([("linear", ids)])
-    pulls.end_step()
-    np.testing.assert_array_equal(pulls.rows("linear", ids), _rows_of("linear", ids))
-    assert shards.calls == [["linear"]]

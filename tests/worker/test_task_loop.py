@@ -268,21 +268,3 @@ def test_a_push_a_shard_refuses_fails_the_task_with_the_shards_answer(tmp_path):
     assert result["error"] == "RpcError: INVALID_ARGUMENT: push 2 is refused here"
     assert (result["records_done"], result["minibatches"]) == (2, 1)
     assert parameters.applied_pushes[3] == 1
-
-
-def test_each_minibatch_comes_with_the_next_ones_features_and_a_bad_one_fails_after():
-    def batches(bad_at=None):
-        for i in range(3):
-            if i == bad_at:
-                raise PayloadError(f"batch {i} is bad")
-            yield f"features {i}", f"labels {i}"
-
-    assert list(task_loop._with_next(batches())) == [
-        (("features 0", "labels 0"), "features 1"), (("features 1", "labels 1"), "features 2"),
-        (("features 2", "labels 2"), None)]
-    trained = []
-    with pytest.raises(PayloadError, match="batch 2 is bad"):
-        for batch, _ in task_loop._with_next(batches(bad_at=2)):
-            trained.append(batch[0])
-    assert trained == ["features 0", "features 1"]  # every batch before the bad one
-    assert list(task_loop._with_next(iter([]))) == []

@@ -6,7 +6,6 @@ worker sent it.
 """
 
 import dataclasses
-import threading
 
 import keras
 import numpy as np
@@ -201,49 +200,3 @@ def test_a_loss_autograph_cannot_convert_runs_as_written(monkeypatch, caplog):
     monkeypatch.setattr(tf.autograph, "to_graph", unreadable)
     assert steps.converted(branching_loss) is branching_loss
     assert "branching_loss runs as written" in caplog.text and "source code" in caplog.text
-
-
-def _hashed_ids_spec():
-    """Two tables over ids the model first folds (`id mod 5`), as hashed features are."""
-    def model():
-        ids = keras.Input(shape=(3,), dtype="int64", name="ids")
-        folded = keras.layers.Lambda(lambda x: x % 5)(ids)
-        linear = Embedding(1, combiner="sum", table="linear")(folded)
-        factors = keras.layers.Flatten()(Embedding(DIM, table="factors")(folded))
-        out = keras.layers.Dense(1)(keras.layers.Concatenate()([linear, factors]))
-        return keras.Model(ids, out)
-
-    return dataclasses.replace(_spec(), custom_model=model)
-
-
-def test_the_next_minibatchs_rows_are_pulled_while_this_one_trains(shard):
-    parameters, client = shard
-    threads, pull = [], client.pull_embeddings
-    client.pull_embeddings = lambda *args, **kwargs: threads.append(
-        threading.current_thread().name) or pull(*args, **kwargs)
-    trainer = Trainer(_hashed_ids_spec(), client, worker_id=0, strategy="overlap")
-    batches = [[[10, 21, 21]], [[33, 1, 14]], [[7, 8, 9]]]
-    upcoming = batches[1:] + [None]
-    for batch, ahead in zip(batches, upcoming):
-        trainer.train_minibatch(tf.constant(batch, tf.int64), tf.constant([[1.0]]),
-                                None if ahead is None else tf.constant(ahead, tf.int64))
-    trainer.flush()
-    # The first step pulls its tables itself; each step after takes both tables' rows from
-    # the one call made while the step before it trained, for the ids the model computes.
-    assert sorted(parameters.calls) == [["factors"], ["factors", "linear"],
-                                        ["factors", "linear"], ["linear"]]
-    ahead = [name.startswith("rows-ahead") for name in threads]
-    assert ahead.count(True) == 2 and ahead.count(False) == 2  # the first step's own two
-    assert sorted(sorted(i.tolist()) for i in parameters.pulled["linear"]) == [
-        [0, 1], [1, 3, 4], [2, 3, 4]]
-    assert parameters.version == 3
-    assert sorted(_table_ids(parameters, "factors")[0].tolist()) == [0, 1, 2, 3, 4]
-
-
-def test_without_the_next_minibatch_a_step_pulls_its_own_rows(shard):
-    parameters, client = shard
-    trainer = Trainer(_hashed_ids_spec(), client, worker_id=0, strategy="overlap")
-    for batch in ([[1, 2, 3]], [[4, 5, 6]]):
-        trainer.train_minibatch(tf.constant(batch, tf.int64), tf.constant([[1.0]]))
-    trainer.flush()
-    assert parameters.calls[2:] == [["factors", "linear"]]  # the second step's own call

@@ -23,13 +23,11 @@ from elastic_keras.worker.failures import NON_FINITE_LOSS
 
 @dataclasses.dataclass(frozen=True)
 class Minibatch:
-    """A minibatch to train, the sequence number every push of it carries, and the features
-    of the minibatch the worker trains next, where known (None: not known)."""
+    """A minibatch to train, and the sequence number every push of it carries."""
 
     features: typing.Any
     labels: typing.Any
     sequence: int
-    upcoming: typing.Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +103,6 @@ class Replica(abc.ABC):
     @abc.abstractmethod
     def assign(self, pulled):
         """Assigns a `Pulled` (from `fetch`) to the model."""
-
-    def prefetch(self, features):
-        """Starts pulling, in the background, the embedding rows the next step will look up
-        for `features` (a strategy that allows that step to miss this worker's last
-        updates calls it); by default nothing."""
 
 
 class UpdateStrategy(abc.ABC):

@@ -1,10 +1,8 @@
 """Asynchronous updates with communication overlapped: a step's push, and the pull after it,
-run in the background while the next step computes, and so does the pull of the embedding
-rows of the minibatch after it, where the worker knows it (`Replica.prefetch`).
+run in the background while the next step computes.
 
-That next step then misses this worker's previous update (its rows may miss the two
-previous ones), which asynchronous training allows; the job uses this strategy only
-without a staleness bound. A push that a
+That next step then misses this worker's previous update (staleness 1), which asynchronous
+training allows; the job uses this strategy only without a staleness bound. A push that a
 shard refuses as stale (it restarted) is recomputed and sent to that shard alone once the
 push is known to be refused, before the next one goes out.
 """
@@ -30,8 +28,6 @@ class Overlapped(UpdateStrategy):
     def train(self, minibatch):
         if not self._replica.has_values:
             self._replica.pull()
-        if minibatch.upcoming is not None:
-            self._replica.prefetch(minibatch.upcoming)
         # What this step computes against: the pull `_land` assigned last.
         computed = self._replica.compute(minibatch.features, minibatch.labels)
         self._land()  # the previous push is in and its pull assigned, after this step ran
