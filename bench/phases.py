@@ -6,7 +6,10 @@ against one PS shard served over gRPC on 127.0.0.1 from a thread of the same pro
 that both ends' phases can be timed: each is the wall time of one function, summed over the
 measured steps and divided by their number. Phases overlap (the push and its fused pull run
 in the background while the next step computes; the shard's handlers run on its own
-threads), so they do not add up to the step.
+threads), so they do not add up to the step. Sharing one process, both ends also share its
+GIL; so the same training runs again against a shard in a process of its own
+(`bench.embedding_rows serve`), as in a job, timed on the worker's end alone
+(`phases/ps_process/PHASE`).
 
 Lines (`phases/PHASE`, ms per step; `config.calls` per step):
 
@@ -30,7 +33,7 @@ import functools
 import os
 import time
 
-from bench.common import ROOT, emit, peak_rss_mb
+from bench.common import ROOT, ChildServer, emit, peak_rss_mb
 from bench.deepfm import BATCH, click_records
 
 PHASES = {
@@ -44,6 +47,8 @@ PHASES = {
     "ps_apply": ("elastic_keras.ps.parameters", "Parameters", "push"),
     "ps_rows": ("elastic_keras.ps.parameters", "Parameters", "pull_embeddings"),
 }
+
+WORKER_PHASES = [p for p in PHASES if not p.startswith("ps_")]
 
 
 class Timers:
@@ -85,10 +90,8 @@ def run(quick, work_dir):
     from bench.models import deepfm_hashed
     from elastic_keras.common import rpc
     from elastic_keras.common.model_spec import Mode, load_model_spec
-    from elastic_keras.common.ps_client import PSClient
     from elastic_keras.ps.parameters import Parameters
     from elastic_keras.ps.servicer import PServerServicer, add_to_server
-    from elastic_keras.worker.trainer import Trainer
 
     os.environ[deepfm_hashed.OPTIMIZER_VARIABLE] = "adagrad"
     os.environ[deepfm_hashed.ROWS_VARIABLE] = str(1_000_000)
@@ -96,9 +99,39 @@ def run(quick, work_dir):
     files = sorted(str(p) for p in data.glob("*.tfrecord"))
     spec = load_model_spec(str(ROOT), "bench.models.deepfm_hashed")
     batches = list(spec.minibatches(tf.data.TFRecordDataset(files), Mode.TRAINING, None, BATCH))
+    config = {"model": "deepfm_hashed", "rows": 1_000_000, "batch": BATCH,
+              "optimizer": "adagrad", "strategy": "overlap", "steps": steps, "ps": 1,
+              "workers": 1}
     servicer = PServerServicer(Parameters())
     server, port = rpc.create_server([lambda s: add_to_server(servicer, s)], "127.0.0.1")
-    client = PSClient([f"127.0.0.1:{port}"], deadline_s=600)
+    try:
+        elapsed = _train(spec, f"127.0.0.1:{port}", batches, warmup, timers)
+    finally:
+        server.stop(0)
+    emit("phases/step", config, 1000 * elapsed / steps, "ms", peak_rss_mb())
+    for phase in PHASES:
+        emit(f"phases/{phase}", {**config, "calls": round(timers.calls[phase] / steps, 2)},
+             1000 * timers.seconds[phase] / steps, "ms", None)
+    # The shard in a process of its own, as in a job: the worker's phases alone.
+    timers.seconds.clear()
+    timers.calls.clear()
+    with ChildServer("bench.embedding_rows") as ps:
+        elapsed = _train(spec, ps.address, batches, warmup, timers)
+    config = {**config, "ps_process": True}
+    emit("phases/ps_process/step", config, 1000 * elapsed / steps, "ms", peak_rss_mb())
+    for phase in WORKER_PHASES:
+        emit(f"phases/ps_process/{phase}",
+             {**config, "calls": round(timers.calls[phase] / steps, 2)},
+             1000 * timers.seconds[phase] / steps, "ms", None)
+
+
+def _train(spec, address, batches, warmup, timers):
+    """Trains `batches` against the shard at `address`; returns the seconds of the steps
+    after the first `warmup`, which `timers` time."""
+    from elastic_keras.common.ps_client import PSClient
+    from elastic_keras.worker.trainer import Trainer
+
+    client = PSClient([address], deadline_s=600)
     try:
         trainer = Trainer(spec, client, worker_id=0, strategy="overlap")
         for features, labels in batches[:warmup]:
@@ -111,13 +144,6 @@ def run(quick, work_dir):
         trainer.flush()
         elapsed = time.perf_counter() - started
         timers.on = False
+        return elapsed
     finally:
         client.close()
-        server.stop(0)
-    config = {"model": "deepfm_hashed", "rows": 1_000_000, "batch": BATCH,
-              "optimizer": "adagrad", "strategy": "overlap", "steps": steps, "ps": 1,
-              "workers": 1}
-    emit("phases/step", config, 1000 * elapsed / steps, "ms", peak_rss_mb())
-    for phase in PHASES:
-        emit(f"phases/{phase}", {**config, "calls": round(timers.calls[phase] / steps, 2)},
-             1000 * timers.seconds[phase] / steps, "ms", None)
