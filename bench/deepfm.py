@@ -1,5 +1,5 @@
-"""Sparse: DeepFM over hashed tables, elastic_keras against ParameterServerStrategy and
-against plain Keras 3 `fit`.
+"""Sparse: DeepFM over hashed tables, elastic_keras against ParameterServerStrategy, plain
+Keras 3 `fit` and a `tf.function` training loop in one process.
 
 Data: a synthetic click log (`model_zoo.deepfm.generate`, Criteo-shaped: 13 counts, 26
 categorical ids per example, 10,000 values per field with Zipf popularity, so 260,000
@@ -18,7 +18,11 @@ line's `config.optimizer`. Sides:
   at each step (`tf_keras.optimizers.Adam.update_step`);
 - `keras_fit`: `model.fit` of the Keras 3 model with plain `keras.layers.Embedding` tables
   in one process; Keras 3's Adam updates every row of both tables (and their slots) at
-  each step.
+  each step;
+- `tf_function_loop`: the strategy's tf_keras rebuild trained by a `tf.function` step in a
+  Python loop in one process, no `fit` around it (Adagrad applied to the rows a batch
+  touches): what one process does with the machine's cores, the most a job on the same
+  cores could hope to approach.
 
 Figures are examples/s from the first step (tracing included) to the last; steps of
 `batch` records, as many examples on every side. Against `fit` over 1M rows, both sides make
@@ -123,6 +127,42 @@ def elastic_side(data, rows, ps, epochs, workers=WORKERS, tls="off"):
                  first_epoch=records / seconds[0], steady=steady_rate(records, seconds))
 
 
+def loop_side(data, rows, records, epochs):
+    """The same model trained by a `tf.function` step in a Python loop in this process, no
+    `fit` around it: what one process does with the machine's cores. The model is the
+    strategy's tf_keras rebuild (`bench.pss_models`), whose Adagrad TensorFlow applies to
+    the rows a batch touches (Keras 3's updates every row of a plain table). Examples/s over
+    every epoch, and `steady`, over the epochs after the first."""
+    import tensorflow as tf
+
+    from bench.pss_models import MODELS
+
+    spec = MODELS["deepfm"]
+    files = sorted(str(p) for p in pathlib.Path(data).glob("*.tfrecord"))
+    dataset = spec.minibatches(tf.data.TFRecordDataset(files), BATCH).prefetch(
+        tf.data.AUTOTUNE)
+    model, loss_fn, optimizer = spec.build(rows), spec.loss(), spec.optimizer()
+
+    @tf.function(autograph=False)
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(features, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    ends = []
+    started = time.perf_counter()
+    for _ in range(epochs):
+        for features, labels in dataset:
+            loss = step(features, labels)
+        float(loss)  # the epoch's last step has run
+        ends.append(time.perf_counter())
+    elapsed = time.perf_counter() - started
+    print_result(records * epochs / elapsed, elapsed,
+                 steady=steady_rate(records, epoch_seconds(started, ends)))
+
+
 def census_side(epochs):
     """The census wide & deep job (2 workers, 2 PS); prints examples/s and accuracy."""
     import subprocess
@@ -154,8 +194,9 @@ def compare(data, rows, records, ps_counts, epochs, optimizer):
     `deepfm_hashed.OPTIMIZERS`); emits a line per comparison.
 
     Against `fit`, over `epochs` passes (`sparse/deepfm`) and, with 2 or more, over the
-    passes after the first (`sparse/deepfm/steady`); against the strategy, which runs one
-    pass, elastic_keras's first pass.
+    passes after the first (`sparse/deepfm/steady`); against a `tf.function` loop in one
+    process (`loop_side`), over `epochs` passes; against the strategy, which runs one pass,
+    elastic_keras's first pass.
     """
     from bench.models.deepfm_hashed import OPTIMIZER_VARIABLE
 
@@ -164,6 +205,8 @@ def compare(data, rows, records, ps_counts, epochs, optimizer):
     steps = records // BATCH
     fit, fit_error = run_side(f"keras fit deepfm {rows} rows", run_child, "bench.deepfm",
                               "fit", data, rows, records, epochs)
+    loop, loop_error = run_side(f"tf.function loop deepfm {rows} rows", run_child,
+                                "bench.deepfm", "loop", data, rows, records, epochs)
     for ps in ps_counts:
         config = {"rows": rows, "dim": 16, "batch": BATCH, "workers": WORKERS, "ps": ps,
                   "records": records, "vocab_per_field": VOCAB_SIZE, "optimizer": optimizer}
@@ -177,6 +220,11 @@ def compare(data, rows, records, ps_counts, epochs, optimizer):
                                "seconds": side_times(elastic_keras=ours, keras_fit=fit)},
              ours and ours["value"], "examples/s", rss, peer="keras_fit",
              peer_value=fit and fit["value"], error=errors(error, fit_error))
+        emit("sparse/deepfm", {**config, "epochs": epochs, "peer_processes": 1,
+                               "peer_peak_rss_mb": loop and round(loop["rss"], 1),
+                               "seconds": side_times(elastic_keras=ours, tf_function_loop=loop)},
+             ours and ours["value"], "examples/s", rss, peer="tf_function_loop",
+             peer_value=loop and loop["value"], error=errors(error, loop_error))
         if epochs > 1:
             emit("sparse/deepfm/steady", {**config, "epochs": epochs,
                                           "window": "epochs after the first"},
@@ -222,14 +270,15 @@ def census():
 
 def main():
     side, *args = sys.argv[1:]
-    if side == "fit":
-        fit_side(pathlib.Path(args[0]), *map(int, args[1:]))
+    if side in ("fit", "loop"):  # DATA ROWS RECORDS EPOCHS
+        (fit_side if side == "fit" else loop_side)(pathlib.Path(args[0]), *map(int, args[1:]))
     elif side == "elastic":  # DATA ROWS PS EPOCHS [WORKERS [TLS]]
         elastic_side(pathlib.Path(args[0]), *map(int, args[1:5]), *args[5:6])
     elif side == "census":
         census_side(int(args[0]))
     else:
-        raise SystemExit(f"usage: python -m bench.deepfm {{fit,elastic,census}} ...; got {side!r}")
+        raise SystemExit(f"usage: python -m bench.deepfm {{fit,loop,elastic,census}} ...; "
+                         f"got {side!r}")
 
 
 if __name__ == "__main__":
