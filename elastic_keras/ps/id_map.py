@@ -22,9 +22,10 @@ past room for `most` ids where the caller knows its bound (a table with a row bu
 is rebuilt at its size when removed entries fill it: at its bound an id costs
 16 / `SIZED_LOAD` (about 27) bytes.
 
-A map also remembers the slots of its last `RECALLED` batches of ids found whole
-(`remember`), until an id is removed: a training step's push carries the very ids its pull
-looked up, and `recall` gives their slots back after one comparison instead of a lookup.
+A map also remembers the slots of its last `RECALLED` batches of ids found whole, up to
+`RECALLED_IDS` ids in all (`remember`), until an id is removed: a training step's push
+carries the very ids its pull looked up, and `recall` gives their slots back after one
+comparison instead of a lookup.
 
 Every operation works on whole batches of ids at once: each round of probing is a handful of
 vectorised gathers over the ids still unresolved. Insertion resolves collisions inside a
@@ -56,6 +57,7 @@ from elastic_keras.ps.row_arrays import release_free_memory
 MAX_LOAD = 0.75  # the most entries (held and removed) a map has before it grows or rebuilds
 SIZED_LOAD = 0.6  # how full a map is made when it is (re)built for a number of ids
 RECALLED = 16  # batches of ids whose slots a map remembers (see `remember`)
+RECALLED_IDS = 1 << 20  # ids those batches hold at most together (16 MB with their slots)
 _MIN_CAPACITY = 16
 _EMPTY = -1
 _REMOVED = np.iinfo(np.int64).min  # the slot of a removed id's entry until the next rehash
@@ -149,13 +151,15 @@ class IdMap:
 
     def remember(self, ids, slots):
         """Keeps the `slots` of 1-D `ids`, every one in the map, for `recall`; the map keeps
-        the last `RECALLED` batches, until an id is removed."""
-        if len(ids):
-            key = (len(ids), int(ids[0]), int(ids[-1]))
-            self._recalled[key] = (np.array(ids, dtype=np.int64), np.array(slots))
-            self._recalled.move_to_end(key)
-            if len(self._recalled) > RECALLED:
-                self._recalled.popitem(last=False)
+        the last `RECALLED` batches, of `RECALLED_IDS` ids at most, until an id is removed."""
+        if not 0 < len(ids) <= RECALLED_IDS:
+            return
+        key = (len(ids), int(ids[0]), int(ids[-1]))
+        self._recalled[key] = (np.array(ids, dtype=np.int64), np.array(slots))
+        self._recalled.move_to_end(key)
+        while len(self._recalled) > RECALLED or sum(
+                len(kept) for kept, _ in self._recalled.values()) > RECALLED_IDS:
+            self._recalled.popitem(last=False)
 
     def recall(self, ids):
         """The slots of 1-D `ids` if `remember` kept them for these ids, in this order (no id

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from elastic_keras.ps import id_map
 from elastic_keras.ps.id_map import MAX_LOAD, RECALLED, SIZED_LOAD, IdMap
 
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -86,6 +87,19 @@ def test_recall_answers_the_ids_remembered_and_nothing_else():
         more = np.array([100 + first, 200 + first])
         ids.remember(more, ids.insert(more))
     assert ids.recall(batch) is None and ids.recall(np.array([101, 201])).tolist() == [6, 7]
+
+
+def test_the_batches_remembered_hold_a_bounded_number_of_ids(monkeypatch):
+    monkeypatch.setattr(id_map, "RECALLED_IDS", 10)
+    ids = IdMap()
+    batches = [np.arange(start, start + 4) for start in (0, 10, 20)]
+    for batch in batches:
+        ids.remember(batch, ids.insert(batch))
+    assert ids.recall(batches[0]) is None  # 12 ids: the oldest batch made way
+    assert [ids.recall(b).tolist() for b in batches[1:]] == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    too_many = np.arange(100, 111)
+    ids.remember(too_many, ids.insert(too_many))  # more than all of them: not kept
+    assert ids.recall(too_many) is None and ids.recall(batches[2]) is not None
 
 
 def test_a_recalled_batch_always_answers_what_a_lookup_would():
