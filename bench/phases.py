@@ -108,20 +108,22 @@ def run(quick, work_dir):
         elapsed = _train(spec, f"127.0.0.1:{port}", batches, warmup, timers)
     finally:
         server.stop(0)
-    emit("phases/step", config, 1000 * elapsed / steps, "ms", peak_rss_mb())
-    for phase in PHASES:
-        emit(f"phases/{phase}", {**config, "calls": round(timers.calls[phase] / steps, 2)},
-             1000 * timers.seconds[phase] / steps, "ms", None)
+    _emit("phases", config, elapsed, timers, PHASES)
     # The shard in a process of its own, as in a job: the worker's phases alone.
     timers.seconds.clear()
     timers.calls.clear()
     with ChildServer("bench.embedding_rows") as ps:
         elapsed = _train(spec, ps.address, batches, warmup, timers)
-    config = {**config, "ps_process": True}
-    emit("phases/ps_process/step", config, 1000 * elapsed / steps, "ms", peak_rss_mb())
-    for phase in WORKER_PHASES:
-        emit(f"phases/ps_process/{phase}",
-             {**config, "calls": round(timers.calls[phase] / steps, 2)},
+    _emit("phases/ps_process", {**config, "ps_process": True}, elapsed, timers, WORKER_PHASES)
+
+
+def _emit(prefix, config, elapsed, timers, phases):
+    """The lines of one run: the step (of `config["steps"]` taking `elapsed` seconds) and
+    each of `phases`, ms per step."""
+    steps = config["steps"]
+    emit(f"{prefix}/step", config, 1000 * elapsed / steps, "ms", peak_rss_mb())
+    for phase in phases:
+        emit(f"{prefix}/{phase}", {**config, "calls": round(timers.calls[phase] / steps, 2)},
              1000 * timers.seconds[phase] / steps, "ms", None)
 
 

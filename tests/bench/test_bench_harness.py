@@ -239,23 +239,15 @@ def test_the_dense_limit_trains_every_step_and_moves_its_bytes_both_ways():
     assert dense_limit.wire_seconds(2, dense_limit.DEFAULT_CHUNK_BYTES + 1000) > 0
 
 
-def test_the_deepfm_loop_side_trains_every_record_and_answers_one_line(tmp_path, capsys):
-    """The `tf_function_loop` peer of `sparse/deepfm`: 600 records, 2 epochs, small tables."""
+@pytest.mark.parametrize("side", ["fit_side", "loop_side"])
+def test_a_deepfm_single_process_side_trains_every_record_and_answers_one_line(
+        side, tmp_path, capsys):
+    """The `keras_fit` and `tf_function_loop` peers of `sparse/deepfm`: 600 records, 2
+    epochs, small tables."""
     from bench import deepfm
 
     data = deepfm.click_records(tmp_path, 600)
     capsys.readouterr()  # the generator's output
-    deepfm.loop_side(data, 1000, 600, 2)
-    [result] = _lines(capsys)
-    assert result["value"] > 0 and result["steady"] > 0 and result["measured_s"] > 0
-
-
-def test_the_deepfm_fit_side_trains_every_record_and_answers_one_line(tmp_path, capsys):
-    """The `keras_fit` peer of `sparse/deepfm`: 600 records, 2 epochs, small tables."""
-    from bench import deepfm
-
-    data = deepfm.click_records(tmp_path, 600)
-    capsys.readouterr()  # the generator's output
-    deepfm.fit_side(data, 1000, 600, 2)
+    getattr(deepfm, side)(data, 1000, 600, 2)
     [result] = _lines(capsys)
     assert result["value"] > 0 and result["steady"] > 0 and result["measured_s"] > 0
