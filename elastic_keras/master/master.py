@@ -241,7 +241,8 @@ class Master:
                 self._checkpoint()
             self.reports.show(self.console, self.config, self.evaluations.events)
             self.status.sample()
-            time.sleep(_TICK_S)
+            self.reports.drained.wait(_TICK_S)
+            self.reports.drained.clear()
 
     # -- epochs and callbacks ----------------------------------------------------------------
 

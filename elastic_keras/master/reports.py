@@ -57,6 +57,11 @@ class Reports:
         self.inferred = 0  # records of evaluation and prediction tasks done
         # Held from a task's end to its outputs being taken (the round closes after both).
         self.results_lock = threading.Lock()
+        # Set once a result leaves nothing to hand out until the master's loop acts (the job
+        # is over, or no task waits or runs: an epoch's training or a round has ended), with
+        # all of the result recorded: the loop waits on it between its ticks, so the next
+        # epoch or round begins as soon as one ends.
+        self.drained = threading.Event()
 
     @property
     def model_version(self):
@@ -149,6 +154,9 @@ class Reports:
         elif error:
             logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
                            task.type.value, task_id, outcome.value, error)
+        tasks = self.tasks
+        if tasks.finished or not (tasks.waiting() or tasks.running_tasks()):
+            self.drained.set()
 
     def _take_outputs(self, task, worker_id, outputs, metric_states, model_version):
         with self._lock:

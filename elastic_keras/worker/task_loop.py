@@ -37,6 +37,10 @@ from elastic_keras.worker.pipeline import open_pipeline
 
 logger = logging.getLogger(__name__)
 
+# Told to wait (an epoch or an evaluation round is being closed, or every task is taken),
+# a worker asks again after FIRST_WAIT_S, then twice as long each time, up to WAIT_S: an
+# epoch's turn takes the master milliseconds, and a worker waiting longer idles for it.
+FIRST_WAIT_S = 0.01
 WAIT_S = 0.3
 HAND_BACK_TIMEOUT_S = 10.0
 OPEN_FILES = 16
@@ -77,14 +81,17 @@ class TaskLoop:
                 self._close_oldest()
 
     def _run(self):
+        wait = FIRST_WAIT_S
         while not self._stop.is_set():
             task = self._master.get_task(self._config.worker_id)
             if task.type == master_pb2.TASK_NONE:
                 logger.info("No more tasks; worker %d done", self._config.worker_id)
                 return
             if task.type == master_pb2.TASK_WAIT:
-                self._stop.wait(WAIT_S)
+                self._stop.wait(wait)
+                wait = min(2 * wait, WAIT_S)
                 continue
+            wait = FIRST_WAIT_S
             self._run_task(task)
         logger.info("Worker %d told to stop; leaving", self._config.worker_id)
 

@@ -3,6 +3,7 @@ import threading
 import pytest
 
 from elastic_keras.master.coverage import Coverage
+from elastic_keras.master.reports import Reports
 from elastic_keras.master import epoch_ledger
 from elastic_keras.master.task_manager import TaskManager
 from elastic_keras.master.tasks import TaskType
@@ -178,3 +179,32 @@ def test_each_epoch_counts_its_training_seconds(monkeypatch):
             manager.report_result(task.task_id, task.num_records)
         manager.next_epoch()
     assert [c.training_s for c in manager.epoch_counts()] == [3.25, 3.0]
+
+
+def test_a_result_that_drains_the_queue_wakes_the_masters_loop():
+    """`Reports.drained` is set by the result that leaves nothing to hand out, after all
+    of it is recorded (the epoch's records and loss), and not by the ones before."""
+    reports = Reports(membership=None, evaluations=None)
+    reports.tasks = make(num_epochs=1, shards=[("a", 8)])
+    first, second = reports.get_task(0), reports.get_task(1)
+    reports.report_task_result(0, first.task_id, 4, "", 0.5, 1, ())
+    assert not reports.drained.is_set()
+    reports.report_task_result(1, second.task_id, 4, "", 0.25, 2, ())
+    assert reports.drained.is_set()
+    assert reports.throughput.records == 8
+
+
+def test_a_round_or_a_failure_that_drains_the_queue_wakes_the_masters_loop():
+    reports = Reports(membership=None, evaluations=None)
+    reports.tasks = make(num_epochs=2, shards=[("a", 4)])
+    task = reports.get_task(0)
+    reports.report_task_result(0, task.task_id, 2, "boom", 0.0, 1, ())
+    assert not reports.drained.is_set()  # its last 2 records are re-queued
+    task = reports.get_task(0)
+    reports.report_task_result(0, task.task_id, 2, "", 0.5, 1, ())
+    assert reports.drained.is_set() and reports.tasks.epoch_finished() == 0
+    reports.drained.clear()
+    reports.tasks.next_epoch()
+    task = reports.get_task(0)
+    reports.report_task_result(0, task.task_id, 0, "bad", 0.0, 1, (), fatal="model_module")
+    assert reports.drained.is_set() and reports.tasks.failed

@@ -268,3 +268,35 @@ def test_a_push_a_shard_refuses_fails_the_task_with_the_shards_answer(tmp_path):
     assert result["error"] == "RpcError: INVALID_ARGUMENT: push 2 is refused here"
     assert (result["records_done"], result["minibatches"]) == (2, 1)
     assert parameters.applied_pushes[3] == 1
+
+
+class WaitRecorder:
+    """A stop event that records how long the loop waits each time (and never waits)."""
+
+    def __init__(self):
+        self.waits = []
+
+    def is_set(self):
+        return False
+
+    def wait(self, seconds):
+        self.waits.append(seconds)
+
+
+def test_a_worker_told_to_wait_asks_again_soon_then_less_often():
+    """An epoch's turn takes the master milliseconds: the first wait is short, each next one
+    twice as long up to `WAIT_S`, and a task handed out starts the backoff afresh."""
+    wait = master_pb2.Task(type=master_pb2.TASK_WAIT)
+    evaluate = master_pb2.Task(task_id=1, type=master_pb2.TASK_EVALUATION)
+    master = FakeMaster([wait] * 7 + [evaluate] + [wait] * 2)
+    stop = WaitRecorder()
+    loop = TaskLoop(WorkerConfig(worker_id=0, master_addr="127.0.0.1:1", model_def="m"),
+                    spec(), master, trainer=None, stop=stop)
+    ran = []
+    loop._run_task = ran.append
+    loop.run()
+    first, most = task_loop.FIRST_WAIT_S, task_loop.WAIT_S
+    backoff = [min(first * 2 ** i, most) for i in range(7)]
+    assert stop.waits == backoff + backoff[:2]
+    assert backoff[-1] == most and backoff[0] < most / 10
+    assert ran == [evaluate]
