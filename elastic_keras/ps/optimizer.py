@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from elastic_keras.common.errors import PayloadError
 from elastic_keras.common.optimizer_contract import builtin_optimizers
+from elastic_keras.ps import fused_adam
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +291,10 @@ class OptimizerApplier:
 
     def _compile(self, signature):
         variables = [self._variables[name] for name, _ in signature]
+        fused = (not any(sparse for _, sparse in signature)
+                 and fused_adam.fusable(self.optimizer, variables))
+        slots = [(self._slots.get((name, "momentum")), self._slots.get((name, "velocity")))
+                 for name, _ in signature]
         specs = []
         for variable, (_, sparse) in zip(variables, signature):
             if sparse:
@@ -312,7 +317,10 @@ class OptimizerApplier:
                 else:
                     gradients.append(flat[position])
                     position += 1
-            self.optimizer.apply(gradients, variables)
+            if fused:
+                fused_adam.apply_step(self.optimizer, gradients, variables, slots)
+            else:
+                self.optimizer.apply(gradients, variables)
 
         # The concrete function: calling it skips the polymorphic dispatch (binding and
         # checking every argument against the signature), a millisecond a push or so.
