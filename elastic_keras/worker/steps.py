@@ -77,17 +77,11 @@ def not_finite(gradients, deltas):
     return ""
 
 
-def assigner(variables):
-    """`assign_all(*values)`: assigns one value to each of `variables`, in order, in one
-    compiled call (a Keras variable's own `assign` costs a fraction of a millisecond of
-    Python each, which a model of many variables pays at every step)."""
-    if not variables:
-        return lambda: None
-    specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-
-    def assign_all(*values):
-        for variable, value in zip(variables, values):
-            variable.assign(value)
-
-    return tf.function(assign_all, input_signature=specs,
-                       autograph=False).get_concrete_function()
+def assign_all(pairs):
+    """Assigns each `(variable, value)` of `pairs` (a value of the variable's dtype and
+    shape) by one eager op on the variable's handle. A Keras variable's own `assign` costs
+    a fraction of a millisecond of Python each, and one compiled call binds every value
+    against its signature in Python: 0.75 ms for the 6 variables of the bench MLP and 4.9
+    ms for 100 small ones, against 0.18 and 2.0 ms for these ops."""
+    for variable, value in pairs:
+        tf.raw_ops.AssignVariableOp(resource=variable.handle, value=value, validate_shape=True)

@@ -152,7 +152,6 @@ class Trainer(Replica):
         self._loss = steps.converted(self._spec.loss)
         self._train_step = steps.compile_step(self._train_step_fn, "training step")
         self._forward = steps.compile_step(self._forward_fn, "forward pass")
-        self._assign_all = steps.assigner(list({**self._trainable, **self._fixed}.values()))
         logger.info(
             "Model built: %d trainable and %d other dense variables (%d parameters); "
             "embedding tables on the parameter servers: %s",
@@ -260,21 +259,24 @@ class Trainer(Replica):
 
         Raises:
             NotReadyError: a shard holds no model yet.
-            PSError: a shard sent a variable this model does not have.
+            PSError: a shard sent a variable this model does not have, or of another shape
+                (nothing is assigned then).
         """
         if not pulled.initialized:
             raise NotReadyError("the parameter servers hold no model yet")
         variables = {**self._trainable, **self._fixed}
-        unknown = next((name for name in pulled.values if name not in variables), None)
-        if unknown is not None:
-            raise PSError(f"The parameter servers sent an unknown variable {unknown!r}.")
-        # Floats sent in a reduced transfer dtype come as float32: cast to the variable's.
-        if len(pulled.values) == len(variables):  # every one: in one call
-            self._assign_all(*(np.asarray(pulled.values[name], dtype=variable.dtype)
-                               for name, variable in variables.items()))
-        else:
-            for name, value in pulled.values.items():
-                variables[name].assign(np.asarray(value, dtype=variables[name].dtype))
+        pairs = []  # all checked before any is assigned
+        for name, value in pulled.values.items():
+            variable = variables.get(name)
+            if variable is None:
+                raise PSError(f"The parameter servers sent an unknown variable {name!r}.")
+            # Floats sent in a reduced transfer dtype come as float32: cast to the variable's.
+            value = np.asarray(value, dtype=variable.dtype)
+            if value.shape != tuple(variable.shape):
+                raise PSError(f"The parameter servers sent variable {name!r} with shape "
+                              f"{list(value.shape)}; the model's is {list(variable.shape)}.")
+            pairs.append((variable, value))
+        steps.assign_all(pairs)
         self._versions, self._incarnations = pulled.versions, pulled.incarnations
 
     def compute(self, features, labels):

@@ -200,3 +200,31 @@ def test_a_loss_autograph_cannot_convert_runs_as_written(monkeypatch, caplog):
     monkeypatch.setattr(tf.autograph, "to_graph", unreadable)
     assert steps.converted(branching_loss) is branching_loss
     assert "branching_loss runs as written" in caplog.text and "source code" in caplog.text
+
+
+def test_pulled_values_of_unknown_names_or_shapes_are_refused_before_any_is_assigned(shard):
+    """`assign` checks every value a shard sent (name and shape) before it assigns one, and
+    assigns the rest in one go, cast to the variables' dtypes."""
+    from elastic_keras.common.errors import PSError
+    from elastic_keras.worker.strategies import Pulled
+
+    parameters, client = shard
+    trainer = Trainer(_spec(), client, worker_id=0, embedding_threshold_params=THRESHOLD)
+    features = {"users": tf.constant([[1, 2, 3]], tf.int64),
+                "items": tf.constant([[4, 5]], tf.int64), "slot": tf.constant([[1]], tf.int64)}
+    trainer.train_minibatch(features, tf.constant([[1.0]]))
+    trainer.flush()
+    variables = {v.path: v for v in trainer._model.variables}
+    before = {name: v.numpy().copy() for name, v in variables.items()}
+    kernel = next(name for name in variables if name.endswith("out/kernel"))
+    bias = next(name for name in variables if name.endswith("out/bias"))
+    good = {bias: np.full(before[bias].shape, 5.0, np.float64)}  # cast to float32
+    for bad, match in (({"nope": np.zeros(1)}, "unknown variable 'nope'"),
+                       ({kernel: np.zeros((1, 1))}, r"shape \[1, 1\]; the model's is")):
+        with pytest.raises(PSError, match=match):
+            trainer.assign(Pulled(True, [9], {**good, **bad}, [0]))
+        for name, variable in variables.items():
+            np.testing.assert_array_equal(variable.numpy(), before[name])
+    trainer.assign(Pulled(True, [9], good, [0]))
+    np.testing.assert_array_equal(variables[bias].numpy(), np.full(before[bias].shape, 5.0))
+    assert variables[bias].dtype == "float32" and trainer.model_version == 9
