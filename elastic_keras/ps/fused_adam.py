@@ -12,12 +12,13 @@ some of its factors to float32, the kernel does not):
 
 with t the step (`iterations + 1`) and lr the optimizer's learning rate at `iterations`
 (a schedule's too). For the 0.5M parameters of the bench MLP (784-512-256-10) the step
-takes 0.9 ms against Keras's 2.2-2.7 ms, in a `tf.function` in one process. The shard uses
-it only where Keras's
-`apply` would do nothing else: a plain `keras.optimizers.Adam` without amsgrad, weight
-decay, clipping, loss scaling, gradient accumulation or moving averages, on variables with
-no constraint, for a push of dense gradients alone; everything else goes through `apply`.
-The slots are the optimizer's own variables, so checkpoints and `state()` are unchanged.
+takes 0.9 ms against Keras's 2.2-2.7 ms, in a `tf.function` in one process.
+
+The shard uses it only where Keras's `apply` would do nothing else: a plain
+`keras.optimizers.Adam` without amsgrad, weight decay, clipping, loss scaling, gradient
+accumulation or moving averages, on variables with no constraint, for a push of dense
+gradients alone; everything else goes through `apply`. The slots are the optimizer's own
+variables, so checkpoints and `state()` are unchanged.
 """
 
 import keras
