@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from bench import pss
+from bench import dense_limit, pss
 from bench.common import (
     ROOT, SHARED_DATA, attempt, emit, epoch_seconds, errors, minibatches, peak_rss_mb,
     run_child, run_side, side_times, steady_rate,
@@ -141,24 +141,9 @@ def loop_side(data, rows, records, epochs):
     files = sorted(str(p) for p in pathlib.Path(data).glob("*.tfrecord"))
     dataset = spec.minibatches(tf.data.TFRecordDataset(files), BATCH).prefetch(
         tf.data.AUTOTUNE)
-    model, loss_fn, optimizer = spec.build(rows), spec.loss(), spec.optimizer()
-
-    @tf.function(autograph=False)
-    def step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    ends = []
-    started = time.perf_counter()
-    for _ in range(epochs):
-        for features, labels in dataset:
-            loss = step(features, labels)
-        float(loss)  # the epoch's last step has run
-        ends.append(time.perf_counter())
-    elapsed = time.perf_counter() - started
+    _, started, ends = dense_limit.train_epochs(spec.build(rows), spec.loss(), spec.optimizer(),
+                                                dataset, epochs)
+    elapsed = ends[-1] - started
     print_result(records * epochs / elapsed, elapsed,
                  steady=steady_rate(records, epoch_seconds(started, ends)))
 

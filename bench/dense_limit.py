@@ -29,31 +29,42 @@ from elastic_keras.common.transfer.chunking import DEFAULT_CHUNK_BYTES
 def train_loop(spec, dataset, epochs):
     """Trains `spec`'s model on `dataset` for `epochs` passes with a `tf.function` step;
     returns (steps, seconds from the first step to the last, parameter bytes)."""
-    import tensorflow as tf
-
     model = spec.custom_model()
-    optimizer = spec.optimizer()
+    steps, started, ends = train_epochs(model, spec.loss, spec.optimizer(), dataset, epochs)
+    nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    return steps, ends[-1] - started, nbytes
+
+
+def train_epochs(model, loss_fn, optimizer, dataset, epochs):
+    """Trains `model` on `dataset` for `epochs` passes, one `tf.function` step a minibatch
+    (the mean of `loss_fn(labels, predictions)` plus the model's own losses, then
+    `optimizer.apply_gradients`), with no `fit` around it.
+
+    Returns:
+        (steps, `time.perf_counter()` before the first step, the same after each epoch's
+        last step).
+    """
+    import tensorflow as tf
 
     @tf.function
     def step(features, labels):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(spec.loss(labels, model(features, training=True)))
+            loss = tf.reduce_mean(loss_fn(labels, model(features, training=True)))
             if model.losses:
                 loss += tf.add_n(model.losses)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    steps = 0
+    steps, ends = 0, []
     started = time.perf_counter()
     for _ in range(epochs):
         for features, labels in dataset:
             loss = step(features, labels)
             steps += 1
-    float(loss)  # the last step has run
-    seconds = time.perf_counter() - started
-    nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
-    return steps, seconds, nbytes
+        float(loss)  # the epoch's last step has run
+        ends.append(time.perf_counter())
+    return steps, started, ends
 
 
 def wire_seconds(steps, nbytes):
