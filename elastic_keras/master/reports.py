@@ -155,7 +155,7 @@ class Reports:
             logger.warning("Worker %d failed %s task %d (%s): %s", worker_id,
                            task.type.value, task_id, outcome.value, error)
         tasks = self.tasks
-        if tasks.finished or not (tasks.waiting() or tasks.running_tasks()):
+        if tasks.finished or tasks.depth() == (0, 0):
             self.drained.set()
 
     def _take_outputs(self, task, worker_id, outputs, metric_states, model_version):

@@ -26,8 +26,8 @@ class RunningTasks:
         self._by_id: dict[int, Running] = {}
         self.slowest = {}  # TaskType -> seconds, hand-out to result, of the slowest task done
 
-    def __bool__(self):
-        return bool(self._by_id)
+    def __len__(self):
+        return len(self._by_id)
 
     def start(self, task, worker_id):
         self._by_id[task.task_id] = Running(task, worker_id, time.monotonic())

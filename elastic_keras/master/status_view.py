@@ -100,7 +100,8 @@ class StatusView:
                     "stopped_early": master.stopped_early}
         if tasks is None:
             return progress
-        progress.update(tasks_waiting=tasks.waiting(), tasks_running=len(tasks.running_tasks()))
+        waiting, running = tasks.depth()
+        progress.update(tasks_waiting=waiting, tasks_running=running)
         if master.config.job_type == "train":
             epoch, done, total = tasks.progress()
             progress.update(epoch=epoch + 1, num_epochs=master.config.num_epochs,

@@ -126,10 +126,10 @@ class TaskManager:
             waiting = 0 if self._rounds.open_round is not None else len(self._todo)
             return waiting, self._training_running_locked()
 
-    def waiting(self):
-        """Tasks of any type waiting to be handed out (the queue's depth)."""
+    def depth(self):
+        """(tasks of any type waiting to be handed out, tasks running): the queue's depth."""
         with self._lock:
-            return len(self._todo) + len(self._rounds.waiting)
+            return len(self._todo) + len(self._rounds.waiting), len(self._doing)
 
     def _training_running_locked(self):
         return len(self._doing.of_type())

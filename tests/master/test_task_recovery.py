@@ -175,7 +175,7 @@ def test_mid_epoch_round_waits_for_running_training_and_holds_back_the_rest():
     assert manager.start_evaluation(7, end_of_epoch=False)
     assert not manager.start_evaluation(8, end_of_epoch=False)  # one round at a time
     assert manager.get(2) is None  # no training handed out, no evaluation yet
-    assert manager.training_load() == (0, 2) and manager.waiting() == 2 + 2  # 2 of each
+    assert manager.training_load() == (0, 2) and manager.depth()[0] == 2 + 2  # 2 of each
     manager.report_result(first.task_id, 4)
     assert manager.get(2) is None  # `second` still trains
     assert manager.evaluation_finished() is None and manager.epoch_finished() is None
