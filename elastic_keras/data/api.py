@@ -100,16 +100,16 @@ class RecordReader(abc.ABC):
         """The record file."""
         return self._path
 
-    def read(self, start, end) -> Iterator[bytes]:
-        """Yields records `start` (inclusive) to `end` (exclusive), in file order.
+    def read(self, start, end) -> list[bytes]:
+        """Records `start` (inclusive) to `end` (exclusive), in file order.
 
         Args:
             start: the first record, 0-based.
             end: one past the last record; at most `num_records`.
 
         Raises:
-            DataError: the range is not within `[0, num_records]` (raised at once), or a record
-                is corrupt or truncated (raised when it is reached).
+            DataError: the range is not within `[0, num_records]`, or a record is corrupt or
+                truncated (the first such record is named).
         """
         start, end = operator.index(start), operator.index(end)
         if not 0 <= start <= end <= self.num_records:
@@ -117,20 +117,20 @@ class RecordReader(abc.ABC):
                 f"Records [{start}, {end}) are outside {self._path}, which holds records "
                 f"[0, {self.num_records}). Received: start={start}, end={end}"
             )
-        return self._iterate(start, end)
-
-    def _iterate(self, start, end):
+        records = []
         if start == end:
-            return
+            return records
         try:
             with open(self._path, "rb", buffering=self._READ_BUFFER) as f:
                 f.seek(int(self._offsets[start]))
-                yield from self._read_records(f, start, end)
+                for block in self._read_records(f, start, end):
+                    records += block
         except OSError as exc:
             raise DataError(
                 f"Cannot read records [{start}, {end}) of {self._path}: "
                 f"{exc.strerror or exc}. Received: path={self._path!r}"
             ) from exc
+        return records
 
     def describe_record(self, record) -> str:
         """Record `record` (its 0-based index in the file) in words, for error messages:
@@ -146,5 +146,6 @@ class RecordReader(abc.ABC):
         """Returns the `num_records + 1` offsets of the open file (see `index.py`)."""
 
     @abc.abstractmethod
-    def _read_records(self, file: BinaryIO, start: int, end: int) -> Iterator[bytes]:
-        """Yields records `[start, end)` from `file`, which is positioned at record `start`."""
+    def _read_records(self, file: BinaryIO, start: int, end: int) -> Iterator[list[bytes]]:
+        """Yields records `[start, end)` from `file`, which is positioned at record `start`,
+        as lists of consecutive records (a list per block read)."""

@@ -34,7 +34,7 @@ class CSVReader(RecordReader):
         >>> reader = CSVReader("train.csv")  # doctest: +SKIP
         >>> reader.metadata.column_names  # doctest: +SKIP
         ('age', 'income')
-        >>> next(reader.read(0, 1))  # doctest: +SKIP
+        >>> reader.read(0, 1)[0]  # doctest: +SKIP
         b'39,<=50K'
     """
 
@@ -109,14 +109,20 @@ class CSVReader(RecordReader):
                     "shorter than its index (it changed while being read). Received: "
                     f"{len(block)} of {bounds[-1]} bytes"
                 )
-            for line_start, next_start in zip(bounds[:-1], bounds[1:]):
-                line_end = block.find(b"\n", line_start, next_start)
-                if line_end < 0:
-                    line_end = next_start
-                if line_end > line_start and block[line_end - 1] == _CR:
-                    line_end -= 1
-                yield block[line_start:line_end]
+            yield [_line(block, line_start, next_start)
+                   for line_start, next_start in zip(bounds[:-1], bounds[1:])]
             first = last
+
+
+def _line(block, start, next_start):
+    """The line of `block` from `start`, without its ending (the next line is at
+    `next_start`)."""
+    end = block.find(b"\n", start, next_start)
+    if end < 0:
+        end = next_start
+    if end > start and block[end - 1] == _CR:
+        end -= 1
+    return block[start:end]
 
 
 def _find_newlines(file, start):

@@ -32,6 +32,16 @@ def masked_crc(data):
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def _masked(crcs):
+    """`masked_crc`'s masking of CRC32C values (a uint64 array), as uint32."""
+    return ((((crcs >> 15) | (crcs << 17)) + _MASK_DELTA) & 0xFFFFFFFF).astype(np.uint32)
+
+
+def _fields(raw, places, width):
+    """The `width` bytes at each of `places` in the uint8 array `raw`: shape [n, width]."""
+    return raw[places[:, None] + np.arange(width)]
+
+
 class TFRecordReader(RecordReader):
     """Reads uncompressed TFRecord files; a record is the raw payload bytes.
 
@@ -89,21 +99,47 @@ class TFRecordReader(RecordReader):
     def _read_records(self, file, start, end):
         # The index gives every record's place: read a block of records at once and cut
         # them out of it (a call and a copy per block, not three reads per record).
-        offsets = self._offsets[start:end + 1].tolist()
-        first = 0
-        while first < end - start:
-            last = first + 1
-            while (last < end - start
-                   and offsets[last + 1] - offsets[first] <= _SCAN_BLOCK):
-                last += 1
-            block = file.read(offsets[last] - offsets[first])
-            yield from self._cut(block, offsets[first:last + 1], start + first)
+        offsets = self._offsets
+        first = start
+        while first < end:
+            last = int(np.searchsorted(offsets, offsets[first] + _SCAN_BLOCK, side="right")) - 1
+            last = min(max(last, first + 1), end)
+            places = offsets[first:last + 1].tolist()
+            yield self._cut(file.read(places[-1] - places[0]), places, first)
             first = last
 
     def _cut(self, block, offsets, record):
         """The records of `block`, which starts at `offsets[0]`; `offsets[i]` is the place of
-        record `record + i` in the file, `offsets[-1]` the end of the last."""
-        base = offsets[0]
+        record `record + i` in the file, `offsets[-1]` the end of the last.
+
+        Every field of every record is checked at once, over arrays; where any check fails,
+        `_cut_one_by_one` finds the first record that fails and names it.
+        """
+        places = np.asarray(offsets, dtype=np.int64) - offsets[0]
+        starts, ends = places[:-1], places[1:]
+        if places[-1] != len(block):  # the file ends inside the block
+            return self._cut_one_by_one(block, offsets, record)
+        data = [block[start + _HEADER.size:end - _CRC.size]
+                for start, end in zip(starts.tolist(), ends.tolist())]
+        raw = np.frombuffer(block, dtype=np.uint8)
+        lengths = _fields(raw, starts, 8).view("<u8").reshape(-1)
+        length_crcs = _fields(raw, starts + _LENGTH.size, 4).view("<u4").reshape(-1)
+        data_crcs = _fields(raw, ends - _CRC.size, 4).view("<u4").reshape(-1)
+        # Records of a file have few distinct lengths: one checksum for each.
+        distinct, which = np.unique(lengths, return_inverse=True)
+        expected = np.array([masked_crc(_LENGTH.pack(int(n))) for n in distinct.tolist()],
+                            dtype=np.uint32)
+        computed = _masked(np.fromiter(map(google_crc32c.value, data), dtype=np.uint64,
+                                       count=len(data)))
+        if (np.any(lengths.astype(np.int64) + _OVERHEAD != ends - starts)
+                or np.any(expected[which] != length_crcs) or np.any(computed != data_crcs)):
+            return self._cut_one_by_one(block, offsets, record)
+        return data
+
+    def _cut_one_by_one(self, block, offsets, record):
+        """As `_cut`, a record at a time: the `DataError` raised names the first record that
+        fails a check."""
+        base, records = offsets[0], []
         for i in range(len(offsets) - 1):
             at, next_at = offsets[i] - base, offsets[i + 1] - base
             if at + _HEADER.size > len(block):
@@ -127,7 +163,8 @@ class TFRecordReader(RecordReader):
                     f"not match. Received: stored crc=0x{stored:08x}, computed "
                     f"crc=0x{computed:08x}"
                 )
-            yield data
+            records.append(data)
+        return records
 
     def _check_length_crc(self, record, length_bytes, stored):
         computed = masked_crc(length_bytes)

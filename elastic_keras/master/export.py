@@ -29,7 +29,7 @@ def sample_features(spec, shard_path, index_cache_dir="", num_records=2):
     if not shard_path:
         return _declared_inputs(spec, num_records)
     reader = open_reader(shard_path, index_cache_dir)
-    records = list(reader.read(0, min(num_records, reader.num_records)))
+    records = reader.read(0, min(num_records, reader.num_records))
     dataset = spec.minibatches(
         tf.data.Dataset.from_tensor_slices(tf.constant(records, dtype=tf.string)),
         Mode.TRAINING, reader.metadata, len(records),

@@ -197,7 +197,7 @@ class TaskLoop:
                 `state`, or of the task, on that fails alone is named).
         """
         reader, pipeline = self._pipeline(task.path, mode)
-        records = list(reader.read(task.start, task.end))
+        records = reader.read(task.start, task.end)
         batches = pipeline.batches(records)
         while True:
             try:

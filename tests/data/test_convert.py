@@ -152,7 +152,7 @@ def test_adult_census(shared_data, tmp_path):
     splits = convert(ConversionSpec(source=source, output=str(tmp_path), num_shards=2))
     assert sum(s.rows for s in splits) == 48_842
     assert sum(s.num_records for s in list_shards(str(tmp_path))) == 48_842
-    record = next(open_reader(splits[0].files[0]).read(0, 1))
+    record = open_reader(splits[0].files[0]).read(0, 1)[0]
     example = tf.io.parse_single_example(record, {
         "age": tf.io.FixedLenFeature([], tf.int64),
         "income": tf.io.FixedLenFeature([], tf.string),

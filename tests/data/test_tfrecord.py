@@ -61,6 +61,32 @@ def test_flipped_length_byte_under_a_valid_index_fails_reading(tmp_path):
         list(reader.read(2, 6))
 
 
+def test_flipped_length_checksum_byte_under_a_valid_index_fails_reading(tmp_path):
+    # The length still matches the index; only its stored checksum is wrong.
+    records = tfrecord_records(10)
+    path = write_tfrecord(tmp_path / "a.tfrecord", records)
+    TFRecordReader(path)  # Builds the index.
+    _flip_byte(path, _offset_of(records, 7) + 9, keep_mtime=True)
+    reader = TFRecordReader(path)
+    assert reader.read(0, 7) == records[:7]
+    with pytest.raises(DataError, match=r"Record 7 of .*a.tfrecord is corrupt: the length check"):
+        reader.read(3, 9)
+
+
+@pytest.mark.parametrize("record", [0, 1, 2047, 4095])
+def test_a_corrupt_record_among_thousands_is_named(tmp_path, record):
+    # Many records of a few lengths, over several blocks of the reader: each check covers
+    # every record of a block at once, and the failing one is still named.
+    records = [bytes([i % 256]) * (300 + i % 5) for i in range(4096)]  # 1.3 MB
+    path = write_tfrecord(tmp_path / "a.tfrecord", records)
+    assert TFRecordReader(path).read(0, 4096) == records
+    _flip_byte(path, _offset_of(records, record) + 12 + 50)
+    reader = TFRecordReader(path)
+    with pytest.raises(DataError, match=rf"Record {record} of .*a.tfrecord is corrupt: the data"):
+        reader.read(0, 4096)
+    assert reader.read(record + 1, 4096) == records[record + 1:]
+
+
 def test_flipped_data_checksum_byte_is_detected(tmp_path):
     records = tfrecord_records(3)
     path = write_tfrecord(tmp_path / "a.tfrecord", records)
