@@ -135,10 +135,10 @@ class StreamedPipeline:
             # Not converted: the module's function is called as `RecordPipeline` calls it.
             records.set_shape([None])
             minibatches = spec.apply_batch_dataset_fn(
-                tf.data.Dataset.from_tensors(records).filter(_plain(lambda _: tag >= 0)), mode,
+                tf.data.Dataset.from_tensors(records).take(tf.cast(tag >= 0, tf.int64)), mode,
                 metadata)
-            end = tf.data.Dataset.from_tensors(_zeros(minibatches.element_spec)).filter(
-                _plain(lambda *_: tag < 0))
+            end = tf.data.Dataset.from_tensors(_zeros(minibatches.element_spec)).take(
+                tf.cast(tag < 0, tf.int64))
             return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(tag).repeat(),
                                         minibatches.concatenate(end)))
 
