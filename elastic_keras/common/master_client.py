@@ -46,8 +46,11 @@ class MasterClient:
             timeout=timeout_s,
         )
 
-    def get_task(self, worker_id):
-        return self._stub.GetTask(master_pb2.GetTaskRequest(worker_id=worker_id)).task
+    def get_task(self, worker_id, landing_task_id=0):
+        """The next task; `landing_task_id` names a task of this worker's whose last push is
+        still landing (the master keeps it; any other task the worker holds is taken back)."""
+        return self._stub.GetTask(master_pb2.GetTaskRequest(
+            worker_id=worker_id, landing_task_id=landing_task_id)).task
 
     def report_progress(self, worker_id, task_id, records_done, loss, model_version,
                         minibatches=0, skipped=None):

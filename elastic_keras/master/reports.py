@@ -74,16 +74,19 @@ class Reports:
         with self._lock:
             self._model_version = max(self._model_version, version)
 
-    def get_task(self, worker_id):
+    def get_task(self, worker_id, landing_task_id=0):
         """The next task for `worker_id`, or None (see `no_more_tasks` for why).
 
-        A worker runs one task at a time: one it still holds, it has given up (its reply was
-        lost, or it is another launch's), so it is re-queued from the last record reported,
-        as a lost worker's would be. No worker holds more than one task.
+        A worker runs one task at a time, and may have one more that it finished training
+        whose last push is still landing, named by `landing_task_id` (it reports that task
+        once the push lands, and trains the next one meanwhile). Any other task it still
+        holds, it has given up (its reply was lost, or it is another launch's), so it is
+        re-queued from the last record reported, as a lost worker's would be. No worker
+        holds more than two tasks, and only one that it is training.
         """
         if self.tasks is None or self.no_more_tasks or self.paused:
             return None
-        held = self.tasks.recover_worker(worker_id)
+        held = self.tasks.recover_worker(worker_id, keep=landing_task_id)
         if held:
             logger.warning("Worker %d asked for a task while holding %d; re-queued it from its "
                            "last progress report", worker_id, held)

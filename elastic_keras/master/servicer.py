@@ -96,7 +96,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def GetTask(self, request, context):
         self._bind(context, "worker", request.worker_id)
-        task = self._master.reports.get_task(request.worker_id)
+        task = self._master.reports.get_task(request.worker_id, request.landing_task_id)
         if task is None:
             done = self._master.reports.no_more_tasks
             kind = master_pb2.TASK_NONE if done else master_pb2.TASK_WAIT

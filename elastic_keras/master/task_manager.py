@@ -274,12 +274,12 @@ class TaskManager:
         queue = self._todo if task.type == TaskType.TRAINING else self._rounds.waiting
         queue.insert(0, again)
 
-    def recover_worker(self, worker_id):
-        """Re-queues every task held by `worker_id` (it is gone), counting no retry, each from
-        the last record its worker reported (the rest is trained again, unseen: counted in
-        `EpochCounts.tasks_lost`); returns how many."""
+    def recover_worker(self, worker_id, keep=0):
+        """Re-queues every task held by `worker_id` (it is gone) but task `keep`, counting no
+        retry, each from the last record its worker reported (the rest is trained again,
+        unseen: counted in `EpochCounts.tasks_lost`); returns how many."""
         with self._lock:
-            lost = self._doing.of_worker(worker_id)
+            lost = [r for r in self._doing.of_worker(worker_id) if r.task.task_id != keep]
             for running in lost:
                 self._doing.pop(running.task.task_id)
                 self._lose(running)

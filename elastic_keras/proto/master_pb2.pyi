@@ -98,10 +98,12 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, job_finished: _Optional[bool] = ..., sync_round_size: _Optional[int] = ..., register_again: _Optional[bool] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "landing_task_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LANDING_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
-    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+    landing_task_id: int
+    def __init__(self, worker_id: _Optional[int] = ..., landing_task_id: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
     __slots__ = ("task",)

@@ -1,5 +1,11 @@
 """The worker's loop: ask the master for a task, run it, report, repeat until told to stop.
 
+A trained task is reported once its last push has landed, without waiting for that (about
+a push's round trip, 16-20 ms, at every task's end): the worker asks for its next task at
+once, naming the one still landing (the master keeps it), and its report follows the push on
+the trainer's background thread. Should that push fail, the next task meets the failure at
+its first wait: the task before is reported failed, and the next one is handed back.
+
 When `stop` is set (SIGTERM: preemption or scaling down), the worker finishes the minibatch
 it is on, makes sure its push has landed, hands the task back after the records done, and
 the loop returns: the process exits 0 well within the master's grace period.
@@ -50,6 +56,14 @@ class _Leaving(Exception):
     """Raised inside a task when the worker has been told to leave."""
 
 
+class _Landing:
+    """A trained task whose result is reported once its last push has landed."""
+
+    def __init__(self, task, state):
+        self.task, self.state = task, state
+        self.landed = False  # set (on the push thread) once that push is in
+
+
 class TaskLoop:
     """Runs the tasks the master hands to this worker.
 
@@ -71,11 +85,13 @@ class TaskLoop:
         self._inference = inference or Inference(spec, [trainer])
         self._stop = stop or threading.Event()
         self._open = collections.OrderedDict()  # path -> (reader, {mode: pipeline}), by use
+        self._landing = None  # the `_Landing` trained task whose last push may be in flight
 
     def run(self):
         """Returns when the master has no more tasks, or after leaving on `stop`."""
         try:
             self._run()
+            self._settle_landing()
         finally:
             while self._open:
                 self._close_oldest()
@@ -83,7 +99,9 @@ class TaskLoop:
     def _run(self):
         wait = FIRST_WAIT_S
         while not self._stop.is_set():
-            task = self._master.get_task(self._config.worker_id)
+            landing = self._landing
+            task = self._master.get_task(self._config.worker_id,
+                                         landing.task.task_id if landing else 0)
             if task.type == master_pb2.TASK_NONE:
                 logger.info("No more tasks; worker %d done", self._config.worker_id)
                 return
@@ -114,8 +132,17 @@ class TaskLoop:
             self._hand_back(task, state)
             return
         except Exception as exc:  # noqa: BLE001 - reported to the master, which decides
-            self._report_failure(task, state, exc)
+            if self._previous_task_failed(state, exc):
+                self._hand_back(task, state)  # nothing of it was pushed
+            else:
+                self._report_failure(task, state, exc)
             return
+        if task.type == master_pb2.TASK_TRAINING:
+            self._report_once_landed(task, state)
+        else:
+            self._report(task, state, metric_states, predictions)
+
+    def _report(self, task, state, metric_states=(), predictions=()):
         losses = state["losses"]
         self._master.report_task_result(
             self._config.worker_id, task.task_id, state["records_done"],
@@ -123,6 +150,64 @@ class TaskLoop:
             model_version=self._trainer.model_version, metric_states=metric_states,
             minibatches=state["minibatches"], skipped=state["skipped"], predictions=predictions,
         )
+
+    def _report_once_landed(self, task, state):
+        """Reports a trained task once its last push has landed, without waiting for that:
+        the worker asks for its next task meanwhile, naming this one as landing (the master
+        keeps it), and trains on. Should the push fail, the next task meets the failure
+        first (`_previous_task_failed`)."""
+        landing = self._landing = _Landing(task, state)
+
+        def report():
+            landing.landed = True
+            self._report(task, state)
+            self._landing = None  # only now: asked for a task meanwhile, it is named
+
+        self._trainer.after_landed(report)
+
+    def _previous_task_failed(self, state, exc):
+        """Whether `exc`, raised by a task (of `state`) that has pushed nothing, may be the
+        failure of the last push of the task before, still landing when it began: that task
+        is then reported failed, and this one is to be handed back whole.
+
+        That push is the first a task waits for: once this task has pushed, it had landed.
+        Else it is landed now: if it fails now, `exc` may still be the same failure (met
+        first through the report waiting on it), so this task goes back all the same (a
+        failure of its own shows again when it runs again).
+        """
+        landing = self._landing
+        if landing is None or state["pushed"]:
+            return False
+        try:
+            self._trainer.flush()
+        except Exception as landing_exc:  # noqa: BLE001 - that task's: reported
+            self._fail_landing(landing, landing_exc)
+            return True
+        if self._landing is None:  # it landed, and the task was reported
+            return False
+        self._fail_landing(landing, exc)
+        return True
+
+    def _settle_landing(self):
+        """Before leaving: lands the last task's last push, which reports that task, or
+        reports it failed."""
+        landing = self._landing
+        if landing is None:
+            return
+        try:
+            self._trainer.flush()
+        except Exception as exc:  # noqa: BLE001 - that task's: reported
+            self._fail_landing(landing, exc)
+
+    def _fail_landing(self, landing, exc):
+        """Reports a landing task that its push will not report: failed by `exc`, or, if the
+        push landed and `exc` is its report's failure, done (sent again: a repeated result
+        changes nothing)."""
+        self._landing = None
+        if landing.landed:
+            self._report(landing.task, landing.state)
+        else:
+            self._report_failure(landing.task, landing.state, exc)
 
     def _report_failure(self, task, state, exc):
         if isinstance(exc, PushRefused):  # a minibatch some shards applied, others not
@@ -235,7 +320,6 @@ class TaskLoop:
             if self._stop.is_set():
                 self._trainer.flush()  # what is handed back as done has landed
                 raise _Leaving()
-        self._trainer.flush()
 
     def _train_minibatch(self, task, step, records, features, labels, state):
         """Trains one minibatch; returns its loss, or None if it was skipped.

@@ -158,6 +158,28 @@ def test_tasks_of_a_lost_worker_go_to_the_others(client, master):
     assert len(again) == 4
 
 
+def test_a_worker_keeps_the_task_it_names_as_landing_and_no_other(client, master):
+    """A worker may hold the task whose last push is still landing (named in its request)
+    beside the one it trains: asking again keeps only the one named; its report completes
+    it, whenever it comes."""
+    first = client.get_task(0)
+    second = client.get_task(0, landing_task_id=first.task_id)
+    assert second.type == master_pb2.TASK_TRAINING and second.task_id != first.task_id
+    assert (_holder(master, first), _holder(master, second)) == (0, 0)
+
+    third = client.get_task(0, landing_task_id=first.task_id)  # `second` was given up
+    assert _holder(master, second) is None
+    assert (third.path, third.start, third.end) == (second.path, second.start, second.end)
+    assert (_holder(master, first), _holder(master, third)) == (0, 0)
+
+    client.report_task_result(0, first.task_id, first.end - first.start)
+    assert master.tasks.tasks_done == 1 and _holder(master, first) is None
+    fourth = client.get_task(0, landing_task_id=first.task_id)  # done: nothing to keep
+    assert _holder(master, third) is None and _holder(master, fourth) == 0
+    client.get_task(0, landing_task_id=10**12)  # not its task: nothing kept
+    assert _holder(master, fourth) is None
+
+
 def test_evaluation_tasks_carry_the_version_and_return_metric_states(client, master, spec):
     tasks, _ = _take_all(client, worker_id=0)
     for worker_id, task in enumerate(tasks):

@@ -5,6 +5,7 @@ push; and that a worker over many files keeps the pipelines of the few it read l
 
 import dataclasses
 import os
+import time
 
 import keras
 import numpy as np
@@ -61,15 +62,17 @@ def spec(loss=mean_squared_error, dataset_fn=parse):
 
 
 class FakeMaster:
-    """Hands out `tasks`, then none; keeps every report."""
+    """Hands out `tasks`, then none; keeps every report, and every call in `calls`."""
 
     def __init__(self, tasks):
-        self.tasks, self.results, self.progress = list(tasks), [], []
+        self.tasks, self.results, self.progress, self.calls = list(tasks), [], [], []
 
-    def get_task(self, worker_id):
+    def get_task(self, worker_id, landing_task_id=0):
+        self.calls.append(("get_task", landing_task_id))
         return self.tasks.pop(0) if self.tasks else master_pb2.Task(type=master_pb2.TASK_NONE)
 
     def report_task_result(self, worker_id, task_id, records_done, **report):
+        self.calls.append(("result", task_id))
         self.results.append({"worker_id": worker_id, "task_id": task_id,
                              "records_done": records_done, **report})
 
@@ -206,9 +209,9 @@ class CountingMaster(FakeMaster):
         super().__init__(tasks)
         self.threads = []
 
-    def get_task(self, worker_id):
+    def get_task(self, worker_id, landing_task_id=0):
         self.threads.append(len(os.listdir("/proc/self/task")))
-        return super().get_task(worker_id)
+        return super().get_task(worker_id, landing_task_id)
 
 
 def test_a_worker_over_many_files_keeps_the_pipelines_of_the_last_few(tmp_path, monkeypatch):
@@ -268,6 +271,78 @@ def test_a_push_a_shard_refuses_fails_the_task_with_the_shards_answer(tmp_path):
     assert result["error"] == "RpcError: INVALID_ARGUMENT: push 2 is refused here"
     assert (result["records_done"], result["minibatches"]) == (2, 1)
     assert parameters.applied_pushes[3] == 1
+
+
+class SlowPush(Parameters):
+    """Answers the `slow`-th push it is sent (counting from 1) `delay_s` late."""
+
+    def __init__(self, slow, delay_s, policy):
+        super().__init__(policy)
+        self.slow, self.delay_s, self.pushes = slow, delay_s, 0
+
+    def push(self, push):
+        self.pushes += 1
+        if self.pushes == self.slow:
+            time.sleep(self.delay_s)
+        return super().push(push)
+
+
+def run_two_tasks(tmp_path, strategy, parameters):
+    """Trains task 7 (records [0, 6) of a CSV file) then task 8 (records [6, 12)) in
+    minibatches of 2 against a shard serving `parameters`; returns the fake master."""
+    path = tmp_path / "data.csv"
+    path.write_text("x,y\n" + "\n".join(GOOD * 2) + "\n")
+    server, port = serve(parameters)
+    client = PSClient([f"127.0.0.1:{port}"], deadline_s=30)
+    config = WorkerConfig(worker_id=3, master_addr="127.0.0.1:1", model_def="m",
+                          minibatch_size=2, sync=strategy == "sync",
+                          index_cache_dir=str(tmp_path / "index"))
+    master = FakeMaster([
+        master_pb2.Task(task_id=task_id, type=master_pb2.TASK_TRAINING, path=str(path),
+                        start=start, end=start + 6)
+        for task_id, start in ((7, 0), (8, 6))
+    ])
+    try:
+        TaskLoop(config, spec(), master, Trainer(spec(), client, 3, strategy=strategy)).run()
+    finally:
+        client.close()
+        server.stop(0)
+    return master
+
+
+@pytest.mark.parametrize("strategy", ["async", "sync", "overlap"])
+def test_a_trained_task_is_reported_once_its_last_push_lands_while_the_next_runs(tmp_path,
+                                                                                strategy):
+    """Overlapped, the worker asks for its next task while the last push of a task is still
+    landing (the master keeps that task, named), and reports it once the push lands; a
+    worker that leaves lands its last push and reports first. Other strategies have landed
+    every push when a task ends, and report before they ask."""
+    policy = UpdatePolicy(grads_to_wait=1) if strategy == "sync" else UpdatePolicy()
+    parameters = SlowPush(slow=3, delay_s=0.5, policy=policy)  # task 7's last push
+    master = run_two_tasks(tmp_path, strategy, parameters)
+    if strategy == "overlap":
+        assert master.calls == [("get_task", 0), ("get_task", 7), ("result", 7),
+                                ("get_task", 8), ("result", 8)]
+    else:
+        assert master.calls == [("get_task", 0), ("result", 7), ("get_task", 0),
+                                ("result", 8), ("get_task", 0)]
+    assert [(r["task_id"], r["records_done"], r["minibatches"], r.get("error", ""))
+            for r in master.results] == [(7, 6, 3, ""), (8, 6, 3, "")]
+    assert parameters.applied_pushes[3] == 6
+
+
+def test_a_failed_last_push_fails_its_task_and_the_next_task_goes_back(tmp_path):
+    """The next task meets the failure of the last push of the one before (its first wait
+    is for that push): the task before is reported failed after the minibatches that
+    landed, and the next one, which has pushed nothing, is handed back whole."""
+    parameters = FailingPush(failing=3)  # task 7's last push
+    master = run_two_tasks(tmp_path, "overlap", parameters)
+    failed, handed_back = master.results
+    assert (failed["task_id"], failed["records_done"], failed["minibatches"]) == (7, 4, 2)
+    assert failed["error"] == "RpcError: INVALID_ARGUMENT: push 3 is refused here"
+    assert (handed_back["task_id"], handed_back["records_done"]) == (8, 0)
+    assert handed_back["abandoned"]
+    assert parameters.applied_pushes[3] == 2
 
 
 class WaitRecorder:
