@@ -117,8 +117,10 @@ class StatusView:
         roles = master.roles
         running = ({s.role.index for s in roles.engine.running()
                     if s.role.type == RoleType.WORKER} if roles else set())
-        held = {r.worker_id: r for r in (master.tasks.running_tasks().values()
-                                         if master.tasks else ())}
+        # A worker's newest task is the one it trains (the one before may still be landing).
+        held = {r.worker_id: r for r in sorted(
+            master.tasks.running_tasks().values() if master.tasks else (),
+            key=lambda r: r.task.task_id)}
         rows = []
         for worker_id in sorted(set(seen) | running):
             info = seen.get(worker_id, {"registered": False, "host": "", "heard_s_ago": None})
