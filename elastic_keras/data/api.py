@@ -132,6 +132,13 @@ class RecordReader(abc.ABC):
             ) from exc
         return records
 
+    def _block_end(self, first, end, size):
+        """The record after the last of a block read from record `first`: about `size`
+        bytes of whole records, at least one, none past `end`."""
+        offsets = self._offsets
+        last = int(np.searchsorted(offsets, offsets[first] + size, side="right")) - 1
+        return min(max(last, first + 1), end)
+
     def describe_record(self, record) -> str:
         """Record `record` (its 0-based index in the file) in words, for error messages:
         "record 7 of data/train.csv (line 9)" for CSV, "record 7 of data/a.tfrecord"."""

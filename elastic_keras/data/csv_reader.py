@@ -98,9 +98,7 @@ class CSVReader(RecordReader):
         offsets = self._offsets
         first = start
         while first < end:
-            # Read whole lines in blocks of about _READ_BLOCK bytes (at least one line).
-            last = int(np.searchsorted(offsets, offsets[first] + _READ_BLOCK, side="right")) - 1
-            last = min(max(last, first + 1), end)
+            last = self._block_end(first, end, _READ_BLOCK)
             bounds = (offsets[first:last + 1] - offsets[first]).tolist()
             block = file.read(bounds[-1])
             if len(block) < bounds[-1]:

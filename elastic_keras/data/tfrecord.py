@@ -99,12 +99,10 @@ class TFRecordReader(RecordReader):
     def _read_records(self, file, start, end):
         # The index gives every record's place: read a block of records at once and cut
         # them out of it (a call and a copy per block, not three reads per record).
-        offsets = self._offsets
         first = start
         while first < end:
-            last = int(np.searchsorted(offsets, offsets[first] + _SCAN_BLOCK, side="right")) - 1
-            last = min(max(last, first + 1), end)
-            places = offsets[first:last + 1].tolist()
+            last = self._block_end(first, end, _SCAN_BLOCK)
+            places = self._offsets[first:last + 1].tolist()
             yield self._cut(file.read(places[-1] - places[0]), places, first)
             first = last
 

@@ -178,10 +178,7 @@ class TaskLoop:
         landing = self._landing
         if landing is None or state["pushed"]:
             return False
-        try:
-            self._trainer.flush()
-        except Exception as landing_exc:  # noqa: BLE001 - that task's: reported
-            self._fail_landing(landing, landing_exc)
+        if self._land(landing):
             return True
         if self._landing is None:  # it landed, and the task was reported
             return False
@@ -189,15 +186,20 @@ class TaskLoop:
         return True
 
     def _settle_landing(self):
-        """Before leaving: lands the last task's last push, which reports that task, or
-        reports it failed."""
+        """Before leaving: lands the last task's last push, which reports that task."""
         landing = self._landing
-        if landing is None:
-            return
+        if landing is not None:
+            self._land(landing)
+
+    def _land(self, landing):
+        """Lands every push made so far, which reports `landing`'s task; reports it failed
+        (or its lost report again) if a push fails now. Returns whether one did."""
         try:
             self._trainer.flush()
         except Exception as exc:  # noqa: BLE001 - that task's: reported
             self._fail_landing(landing, exc)
+            return True
+        return False
 
     def _fail_landing(self, landing, exc):
         """Reports a landing task that its push will not report: failed by `exc`, or, if the
