@@ -2,11 +2,13 @@
 
 import sys
 
+from elastic_keras.common.heap import lifelong
 from elastic_keras.common.log import quiet_native_logs
 
 quiet_native_logs()
 
-from elastic_keras.ps.main import main  # noqa: E402
+with lifelong():  # TensorFlow's modules, never collected
+    from elastic_keras.ps.main import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())
