@@ -143,7 +143,9 @@ class StreamedPipeline:
                                         minibatches.concatenate(end)))
 
         source = tf.data.Dataset.from_tensors(0).repeat().map(_plain(lambda _: queue.dequeue()))
-        dataset = source.flat_map(parsed).prefetch(tf.data.AUTOTUNE)
+        options = tf.data.Options()
+        options.autotune.enabled = False  # see `close`
+        dataset = source.flat_map(parsed).prefetch(tf.data.AUTOTUNE).with_options(options)
         self._stream = (queue, iter(dataset))
 
     def batches(self, records):
@@ -206,7 +208,12 @@ class StreamedPipeline:
         return self._records_pipeline.find_bad_record(records, first, error)
 
     def close(self):
-        """Ends the stream (a later `batches` opens another)."""
+        """Ends the stream (a later `batches` opens another).
+
+        The stream runs without tf.data's autotuning (its prefetch buffer still grows as
+        needed): deleting an iterator that had run a while with it waited for the
+        autotuning thread, which held a worker's exit 1-10 s, and would hold any close.
+        """
         if self._stream is not None:
             queue, _ = self._stream
             self._stream = None
