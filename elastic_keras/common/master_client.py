@@ -7,6 +7,23 @@ from elastic_keras.proto import master_pb2, master_pb2_grpc
 # answered for MASTER_LOST_S, so that no role outlives its job as an orphan.
 HEARTBEAT_INTERVAL_S = 2.0
 MASTER_LOST_S = 30.0
+SOONEST_HEARTBEAT_S = 0.2  # the shortest wait a master may ask of a shard
+
+
+def ending_heartbeat_s(num_ps):
+    """How often shards heartbeat while a job's last tasks run (`next_heartbeat_s`): their
+    final reports then reach the master within a fraction of a second, and the master hears
+    from all of them together about 10 times a second at most."""
+    return min(HEARTBEAT_INTERVAL_S, max(SOONEST_HEARTBEAT_S, num_ps / 10))
+
+
+def next_heartbeat_s(answer):
+    """The wait before a shard's next heartbeat that a `HeartbeatResponse` asks for, kept
+    within [SOONEST_HEARTBEAT_S, HEARTBEAT_INTERVAL_S] (0 or none: the usual interval)."""
+    asked = answer.next_heartbeat_s
+    if not asked > 0:  # 0, negative or NaN
+        return HEARTBEAT_INTERVAL_S
+    return min(HEARTBEAT_INTERVAL_S, max(SOONEST_HEARTBEAT_S, asked))
 
 # Calls the master may see twice without harm: registration is by id, progress is absolute,
 # a result for a task that is no longer running is ignored.

@@ -74,6 +74,16 @@ class Reports:
         with self._lock:
             self._model_version = max(self._model_version, version)
 
+    @property
+    def training_ends(self):
+        """Whether the last epoch's tasks, of any type, are all handed out (or no task is
+        left): the job's end is one task away."""
+        tasks = self.tasks
+        if self.no_more_tasks or tasks is None:
+            return self.no_more_tasks
+        waiting, _ = tasks.depth()
+        return not waiting and tasks.epoch >= tasks.num_epochs - 1
+
     def get_task(self, worker_id, landing_task_id=0):
         """The next task for `worker_id`, or None (see `no_more_tasks` for why).
 

@@ -12,6 +12,7 @@ holds one task at a time: asking for another hands back the one it holds (see
 import grpc
 
 from elastic_keras.common import auth
+from elastic_keras.common.master_client import ending_heartbeat_s
 from elastic_keras.master.tasks import TaskType
 from elastic_keras.proto import master_pb2, master_pb2_grpc
 
@@ -88,6 +89,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                               register_again=not known)
         if request.role == "worker":
             answer.ps_addresses.extend(self._master.membership.ps_addresses()[1])
+        if request.role == "ps" and self._master.reports.training_ends:
+            answer.next_heartbeat_s = ending_heartbeat_s(self._master.config.num_ps)
         if request.role == "ps" and self._master.config.grads_to_wait:
             size = self._master.sync_round_size
             if size != request.round_size:  # sent once per change

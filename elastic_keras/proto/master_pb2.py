@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from elastic_keras.proto import tensor_pb2 as elastic__keras_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n elastic_keras/proto/master.proto\x12\relastic_keras\x1a elastic_keras/proto/tensor.proto\"\x8e\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x17.elastic_keras.TaskType\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\"3\n\x11RegisterPSRequest\x12\r\n\x05ps_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x14\n\x12RegisterPSResponse\"*\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x18\n\x16RegisterWorkerResponse\"&\n\x11GetClusterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"9\n\x12GetClusterResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x14\n\x0cps_addresses\x18\x02 \x03(\t\"@\n\x10HeartbeatRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\x05\x12\x12\n\nround_size\x18\x03 \x01(\x05\"\x89\x01\n\x11HeartbeatResponse\x12\x14\n\x0cjob_finished\x18\x01 \x01(\x08\x12\x1c\n\x0fsync_round_size\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0eregister_again\x18\x03 \x01(\x08\x12\x14\n\x0cps_addresses\x18\x04 \x03(\tB\x12\n\x10_sync_round_size\"<\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x17\n\x0flanding_task_id\x18\x02 \x01(\x03\"4\n\x0fGetTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.elastic_keras.Task\"\xa1\x02\n\x15ReportProgressRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x14\n\x0crecords_done\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x13\n\x0bminibatches\x18\x06 \x01(\x03\x12Y\n\x13skipped_minibatches\x18\x07 \x03(\x0b\x32<.elastic_keras.ReportProgressRequest.SkippedMinibatchesEntry\x1a\x39\n\x17SkippedMinibatchesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x18\n\x16ReportProgressResponse\"\xf7\x01\n\x0bMetricState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\tvariables\x18\x02 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12\x14\n\x0c\x61ggregations\x18\x03 \x03(\t\x12\x34\n\x06labels\x18\x04 \x01(\x0b\x32$.elastic_keras.MetricState.InputSpec\x12\x39\n\x0bpredictions\x18\x05 \x01(\x0b\x32$.elastic_keras.MetricState.InputSpec\x1a)\n\tInputSpec\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\"\xe4\x03\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x14\n\x0crecords_done\x18\x04 \x01(\x03\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x31\n\rmetric_states\x18\x07 \x03(\x0b\x32\x1a.elastic_keras.MetricState\x12\x11\n\tabandoned\x18\x08 \x01(\x08\x12\x13\n\x0bminibatches\x18\t \x01(\x03\x12-\n\x07\x64ropped\x18\n \x03(\x0b\x32\x1c.elastic_keras.DroppedPushes\x12\r\n\x05\x66\x61tal\x18\x0b \x01(\t\x12[\n\x13skipped_minibatches\x18\x0c \x03(\x0b\x32>.elastic_keras.ReportTaskResultRequest.SkippedMinibatchesEntry\x12*\n\x0bpredictions\x18\r \x03(\x0b\x32\x15.elastic_keras.Tensor\x1a\x39\n\x17SkippedMinibatchesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x1a\n\x18ReportTaskResultResponse\"=\n\rDroppedPushes\x12\r\n\x05ps_id\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"\x92\x04\n\x14ReportVersionRequest\x12\r\n\x05ps_id\x18\x01 \x01(\x05\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x18\n\x10staleness_counts\x18\x03 \x03(\x03\x12\x18\n\x10stale_rejections\x18\x04 \x01(\x03\x12\x16\n\x0epending_pushes\x18\x05 \x01(\x03\x12N\n\x0e\x61pplied_pushes\x18\x06 \x03(\x0b\x32\x36.elastic_keras.ReportVersionRequest.AppliedPushesEntry\x12\x19\n\x11non_finite_pushes\x18\x07 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\n \x01(\x03\x12\x12\n\nbytes_sent\x18\x0b \x01(\x03\x12H\n\x0btable_stats\x18\x0c \x03(\x0b\x32\x33.elastic_keras.ReportVersionRequest.TableStatsEntry\x1a\x34\n\x12\x41ppliedPushesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1aU\n\x0fTableStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".elastic_keras.TableLifecycleStats:\x02\x38\x01J\x04\x08\x08\x10\t\"\x8e\x01\n\x13TableLifecycleStats\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x64mitted\x18\x02 \x01(\x03\x12\x0f\n\x07\x65victed\x18\x03 \x01(\x03\x12\x1c\n\x14not_admitted_lookups\x18\x04 \x01(\x03\x12\x19\n\x11\x64ropped_gradients\x18\x05 \x01(\x03\x12\r\n\x05\x62ytes\x18\x06 \x01(\x03\"\x17\n\x15ReportVersionResponse\"5\n\x0cScaleRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\x12\x10\n\x08job_name\x18\x02 \x01(\t\"m\n\rScaleResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x1c\n\x14previous_num_workers\x18\x02 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x03 \x01(\x05\x12\x17\n\x0frunning_workers\x18\x04 \x01(\x05*e\n\x08TaskType\x12\r\n\tTASK_NONE\x10\x00\x12\r\n\tTASK_WAIT\x10\x01\x12\x11\n\rTASK_TRAINING\x10\x02\x12\x13\n\x0fTASK_EVALUATION\x10\x03\x12\x13\n\x0fTASK_PREDICTION\x10\x04\x32\x8b\x06\n\x06Master\x12Q\n\nRegisterPS\x12 .elastic_keras.RegisterPSRequest\x1a!.elastic_keras.RegisterPSResponse\x12]\n\x0eRegisterWorker\x12$.elastic_keras.RegisterWorkerRequest\x1a%.elastic_keras.RegisterWorkerResponse\x12Q\n\nGetCluster\x12 .elastic_keras.GetClusterRequest\x1a!.elastic_keras.GetClusterResponse\x12N\n\tHeartbeat\x12\x1f.elastic_keras.HeartbeatRequest\x1a .elastic_keras.HeartbeatResponse\x12H\n\x07GetTask\x12\x1d.elastic_keras.GetTaskRequest\x1a\x1e.elastic_keras.GetTaskResponse\x12]\n\x0eReportProgress\x12$.elastic_keras.ReportProgressRequest\x1a%.elastic_keras.ReportProgressResponse\x12\x63\n\x10ReportTaskResult\x12&.elastic_keras.ReportTaskResultRequest\x1a\'.elastic_keras.ReportTaskResultResponse\x12Z\n\rReportVersion\x12#.elastic_keras.ReportVersionRequest\x1a$.elastic_keras.ReportVersionResponse\x12\x42\n\x05Scale\x12\x1b.elastic_keras.ScaleRequest\x1a\x1c.elastic_keras.ScaleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n elastic_keras/proto/master.proto\x12\relastic_keras\x1a elastic_keras/proto/tensor.proto\"\x8e\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x17.elastic_keras.TaskType\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\"3\n\x11RegisterPSRequest\x12\r\n\x05ps_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x14\n\x12RegisterPSResponse\"*\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x18\n\x16RegisterWorkerResponse\"&\n\x11GetClusterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"9\n\x12GetClusterResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x14\n\x0cps_addresses\x18\x02 \x03(\t\"@\n\x10HeartbeatRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\x05\x12\x12\n\nround_size\x18\x03 \x01(\x05\"\xa3\x01\n\x11HeartbeatResponse\x12\x14\n\x0cjob_finished\x18\x01 \x01(\x08\x12\x1c\n\x0fsync_round_size\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0eregister_again\x18\x03 \x01(\x08\x12\x14\n\x0cps_addresses\x18\x04 \x03(\t\x12\x18\n\x10next_heartbeat_s\x18\x05 \x01(\x01\x42\x12\n\x10_sync_round_size\"<\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x17\n\x0flanding_task_id\x18\x02 \x01(\x03\"4\n\x0fGetTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.elastic_keras.Task\"\xa1\x02\n\x15ReportProgressRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x14\n\x0crecords_done\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x13\n\x0bminibatches\x18\x06 \x01(\x03\x12Y\n\x13skipped_minibatches\x18\x07 \x03(\x0b\x32<.elastic_keras.ReportProgressRequest.SkippedMinibatchesEntry\x1a\x39\n\x17SkippedMinibatchesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x18\n\x16ReportProgressResponse\"\xf7\x01\n\x0bMetricState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\tvariables\x18\x02 \x03(\x0b\x32\x15.elastic_keras.Tensor\x12\x14\n\x0c\x61ggregations\x18\x03 \x03(\t\x12\x34\n\x06labels\x18\x04 \x01(\x0b\x32$.elastic_keras.MetricState.InputSpec\x12\x39\n\x0bpredictions\x18\x05 \x01(\x0b\x32$.elastic_keras.MetricState.InputSpec\x1a)\n\tInputSpec\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\"\xe4\x03\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x14\n\x0crecords_done\x18\x04 \x01(\x03\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x31\n\rmetric_states\x18\x07 \x03(\x0b\x32\x1a.elastic_keras.MetricState\x12\x11\n\tabandoned\x18\x08 \x01(\x08\x12\x13\n\x0bminibatches\x18\t \x01(\x03\x12-\n\x07\x64ropped\x18\n \x03(\x0b\x32\x1c.elastic_keras.DroppedPushes\x12\r\n\x05\x66\x61tal\x18\x0b \x01(\t\x12[\n\x13skipped_minibatches\x18\x0c \x03(\x0b\x32>.elastic_keras.ReportTaskResultRequest.SkippedMinibatchesEntry\x12*\n\x0bpredictions\x18\r \x03(\x0b\x32\x15.elastic_keras.Tensor\x1a\x39\n\x17SkippedMinibatchesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x1a\n\x18ReportTaskResultResponse\"=\n\rDroppedPushes\x12\r\n\x05ps_id\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"\x92\x04\n\x14ReportVersionRequest\x12\r\n\x05ps_id\x18\x01 \x01(\x05\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x18\n\x10staleness_counts\x18\x03 \x03(\x03\x12\x18\n\x10stale_rejections\x18\x04 \x01(\x03\x12\x16\n\x0epending_pushes\x18\x05 \x01(\x03\x12N\n\x0e\x61pplied_pushes\x18\x06 \x03(\x0b\x32\x36.elastic_keras.ReportVersionRequest.AppliedPushesEntry\x12\x19\n\x11non_finite_pushes\x18\x07 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\n \x01(\x03\x12\x12\n\nbytes_sent\x18\x0b \x01(\x03\x12H\n\x0btable_stats\x18\x0c \x03(\x0b\x32\x33.elastic_keras.ReportVersionRequest.TableStatsEntry\x1a\x34\n\x12\x41ppliedPushesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1aU\n\x0fTableStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".elastic_keras.TableLifecycleStats:\x02\x38\x01J\x04\x08\x08\x10\t\"\x8e\x01\n\x13TableLifecycleStats\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x64mitted\x18\x02 \x01(\x03\x12\x0f\n\x07\x65victed\x18\x03 \x01(\x03\x12\x1c\n\x14not_admitted_lookups\x18\x04 \x01(\x03\x12\x19\n\x11\x64ropped_gradients\x18\x05 \x01(\x03\x12\r\n\x05\x62ytes\x18\x06 \x01(\x03\"\x17\n\x15ReportVersionResponse\"5\n\x0cScaleRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\x12\x10\n\x08job_name\x18\x02 \x01(\t\"m\n\rScaleResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\x1c\n\x14previous_num_workers\x18\x02 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x03 \x01(\x05\x12\x17\n\x0frunning_workers\x18\x04 \x01(\x05*e\n\x08TaskType\x12\r\n\tTASK_NONE\x10\x00\x12\r\n\tTASK_WAIT\x10\x01\x12\x11\n\rTASK_TRAINING\x10\x02\x12\x13\n\x0fTASK_EVALUATION\x10\x03\x12\x13\n\x0fTASK_PREDICTION\x10\x04\x32\x8b\x06\n\x06Master\x12Q\n\nRegisterPS\x12 .elastic_keras.RegisterPSRequest\x1a!.elastic_keras.RegisterPSResponse\x12]\n\x0eRegisterWorker\x12$.elastic_keras.RegisterWorkerRequest\x1a%.elastic_keras.RegisterWorkerResponse\x12Q\n\nGetCluster\x12 .elastic_keras.GetClusterRequest\x1a!.elastic_keras.GetClusterResponse\x12N\n\tHeartbeat\x12\x1f.elastic_keras.HeartbeatRequest\x1a .elastic_keras.HeartbeatResponse\x12H\n\x07GetTask\x12\x1d.elastic_keras.GetTaskRequest\x1a\x1e.elastic_keras.GetTaskResponse\x12]\n\x0eReportProgress\x12$.elastic_keras.ReportProgressRequest\x1a%.elastic_keras.ReportProgressResponse\x12\x63\n\x10ReportTaskResult\x12&.elastic_keras.ReportTaskResultRequest\x1a\'.elastic_keras.ReportTaskResultResponse\x12Z\n\rReportVersion\x12#.elastic_keras.ReportVersionRequest\x1a$.elastic_keras.ReportVersionResponse\x12\x42\n\x05Scale\x12\x1b.elastic_keras.ScaleRequest\x1a\x1c.elastic_keras.ScaleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,8 +40,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTVERSIONREQUEST_APPLIEDPUSHESENTRY']._serialized_options = b'8\001'
   _globals['_REPORTVERSIONREQUEST_TABLESTATSENTRY']._loaded_options = None
   _globals['_REPORTVERSIONREQUEST_TABLESTATSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKTYPE']._serialized_start=2811
-  _globals['_TASKTYPE']._serialized_end=2912
+  _globals['_TASKTYPE']._serialized_start=2837
+  _globals['_TASKTYPE']._serialized_end=2938
   _globals['_TASK']._serialized_start=86
   _globals['_TASK']._serialized_end=228
   _globals['_REGISTERPSREQUEST']._serialized_start=230
@@ -59,43 +59,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_start=474
   _globals['_HEARTBEATREQUEST']._serialized_end=538
   _globals['_HEARTBEATRESPONSE']._serialized_start=541
-  _globals['_HEARTBEATRESPONSE']._serialized_end=678
-  _globals['_GETTASKREQUEST']._serialized_start=680
-  _globals['_GETTASKREQUEST']._serialized_end=740
-  _globals['_GETTASKRESPONSE']._serialized_start=742
-  _globals['_GETTASKRESPONSE']._serialized_end=794
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=797
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1086
-  _globals['_REPORTPROGRESSREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_start=1029
-  _globals['_REPORTPROGRESSREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_end=1086
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1088
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1112
-  _globals['_METRICSTATE']._serialized_start=1115
-  _globals['_METRICSTATE']._serialized_end=1362
-  _globals['_METRICSTATE_INPUTSPEC']._serialized_start=1321
-  _globals['_METRICSTATE_INPUTSPEC']._serialized_end=1362
-  _globals['_REPORTTASKRESULTREQUEST']._serialized_start=1365
-  _globals['_REPORTTASKRESULTREQUEST']._serialized_end=1849
-  _globals['_REPORTTASKRESULTREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_start=1029
-  _globals['_REPORTTASKRESULTREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_end=1086
-  _globals['_REPORTTASKRESULTRESPONSE']._serialized_start=1851
-  _globals['_REPORTTASKRESULTRESPONSE']._serialized_end=1877
-  _globals['_DROPPEDPUSHES']._serialized_start=1879
-  _globals['_DROPPEDPUSHES']._serialized_end=1940
-  _globals['_REPORTVERSIONREQUEST']._serialized_start=1943
-  _globals['_REPORTVERSIONREQUEST']._serialized_end=2473
-  _globals['_REPORTVERSIONREQUEST_APPLIEDPUSHESENTRY']._serialized_start=2328
-  _globals['_REPORTVERSIONREQUEST_APPLIEDPUSHESENTRY']._serialized_end=2380
-  _globals['_REPORTVERSIONREQUEST_TABLESTATSENTRY']._serialized_start=2382
-  _globals['_REPORTVERSIONREQUEST_TABLESTATSENTRY']._serialized_end=2467
-  _globals['_TABLELIFECYCLESTATS']._serialized_start=2476
-  _globals['_TABLELIFECYCLESTATS']._serialized_end=2618
-  _globals['_REPORTVERSIONRESPONSE']._serialized_start=2620
-  _globals['_REPORTVERSIONRESPONSE']._serialized_end=2643
-  _globals['_SCALEREQUEST']._serialized_start=2645
-  _globals['_SCALEREQUEST']._serialized_end=2698
-  _globals['_SCALERESPONSE']._serialized_start=2700
-  _globals['_SCALERESPONSE']._serialized_end=2809
-  _globals['_MASTER']._serialized_start=2915
-  _globals['_MASTER']._serialized_end=3694
+  _globals['_HEARTBEATRESPONSE']._serialized_end=704
+  _globals['_GETTASKREQUEST']._serialized_start=706
+  _globals['_GETTASKREQUEST']._serialized_end=766
+  _globals['_GETTASKRESPONSE']._serialized_start=768
+  _globals['_GETTASKRESPONSE']._serialized_end=820
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=823
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1112
+  _globals['_REPORTPROGRESSREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_start=1055
+  _globals['_REPORTPROGRESSREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_end=1112
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1114
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1138
+  _globals['_METRICSTATE']._serialized_start=1141
+  _globals['_METRICSTATE']._serialized_end=1388
+  _globals['_METRICSTATE_INPUTSPEC']._serialized_start=1347
+  _globals['_METRICSTATE_INPUTSPEC']._serialized_end=1388
+  _globals['_REPORTTASKRESULTREQUEST']._serialized_start=1391
+  _globals['_REPORTTASKRESULTREQUEST']._serialized_end=1875
+  _globals['_REPORTTASKRESULTREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_start=1055
+  _globals['_REPORTTASKRESULTREQUEST_SKIPPEDMINIBATCHESENTRY']._serialized_end=1112
+  _globals['_REPORTTASKRESULTRESPONSE']._serialized_start=1877
+  _globals['_REPORTTASKRESULTRESPONSE']._serialized_end=1903
+  _globals['_DROPPEDPUSHES']._serialized_start=1905
+  _globals['_DROPPEDPUSHES']._serialized_end=1966
+  _globals['_REPORTVERSIONREQUEST']._serialized_start=1969
+  _globals['_REPORTVERSIONREQUEST']._serialized_end=2499
+  _globals['_REPORTVERSIONREQUEST_APPLIEDPUSHESENTRY']._serialized_start=2354
+  _globals['_REPORTVERSIONREQUEST_APPLIEDPUSHESENTRY']._serialized_end=2406
+  _globals['_REPORTVERSIONREQUEST_TABLESTATSENTRY']._serialized_start=2408
+  _globals['_REPORTVERSIONREQUEST_TABLESTATSENTRY']._serialized_end=2493
+  _globals['_TABLELIFECYCLESTATS']._serialized_start=2502
+  _globals['_TABLELIFECYCLESTATS']._serialized_end=2644
+  _globals['_REPORTVERSIONRESPONSE']._serialized_start=2646
+  _globals['_REPORTVERSIONRESPONSE']._serialized_end=2669
+  _globals['_SCALEREQUEST']._serialized_start=2671
+  _globals['_SCALEREQUEST']._serialized_end=2724
+  _globals['_SCALERESPONSE']._serialized_start=2726
+  _globals['_SCALERESPONSE']._serialized_end=2835
+  _globals['_MASTER']._serialized_start=2941
+  _globals['_MASTER']._serialized_end=3720
 # @@protoc_insertion_point(module_scope)

@@ -86,16 +86,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, role: _Optional[str] = ..., id: _Optional[int] = ..., round_size: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("job_finished", "sync_round_size", "register_again", "ps_addresses")
+    __slots__ = ("job_finished", "sync_round_size", "register_again", "ps_addresses", "next_heartbeat_s")
     JOB_FINISHED_FIELD_NUMBER: _ClassVar[int]
     SYNC_ROUND_SIZE_FIELD_NUMBER: _ClassVar[int]
     REGISTER_AGAIN_FIELD_NUMBER: _ClassVar[int]
     PS_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     job_finished: bool
     sync_round_size: int
     register_again: bool
     ps_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_finished: _Optional[bool] = ..., sync_round_size: _Optional[int] = ..., register_again: _Optional[bool] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_heartbeat_s: float
+    def __init__(self, job_finished: _Optional[bool] = ..., sync_round_size: _Optional[int] = ..., register_again: _Optional[bool] = ..., ps_addresses: _Optional[_Iterable[str]] = ..., next_heartbeat_s: _Optional[float] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("worker_id", "landing_task_id")

@@ -7,7 +7,8 @@ Usage:
         [--transfer-dtype float32] [--job-name NAME] [--restore-from DIR] [--log-level info]
 
 The process starts its gRPC server (port 0 lets the OS pick), registers its address with the
-master, then every `HEARTBEAT_INTERVAL_S` sends a heartbeat and reports its model version.
+master, then every `HEARTBEAT_INTERVAL_S` sends a heartbeat and reports its model version
+(more often while the job's last tasks run, as the master's answer asks).
 After the master has been unreachable for a while, the next answer re-registers the address,
 so a restarted master learns it again. With `--restore-from CHECKPOINT_DIR/ckpt-N`, the shard
 first loads its state from that checkpoint (re-sharded if it was written by another number of
@@ -34,7 +35,9 @@ from elastic_keras.common.config import PSConfig, parse_argv
 from elastic_keras.common.errors import CheckpointError, ConfigError
 from elastic_keras.common.exit_codes import RoleExitCode
 from elastic_keras.common.log import setup_logging
-from elastic_keras.common.master_client import HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient
+from elastic_keras.common.master_client import (
+    HEARTBEAT_INTERVAL_S, MASTER_LOST_S, MasterClient, next_heartbeat_s,
+)
 from elastic_keras.common.private_data import read_private
 from elastic_keras.common.signals import set_from_handler
 from elastic_keras.ps.checkpoint import load_shards
@@ -189,6 +192,7 @@ def _keep_in_touch(config, address, parameters, master, stop, wire):
     registered = False
     in_outage = False
     last_answer = time.monotonic()
+    interval = HEARTBEAT_INTERVAL_S
     while not stop.is_set():
         time_left = last_answer + MASTER_LOST_S - time.monotonic()
         if time_left <= 0:
@@ -209,6 +213,7 @@ def _keep_in_touch(config, address, parameters, master, stop, wire):
             )
             finished = answer.job_finished
             last_answer = time.monotonic()
+            interval = next_heartbeat_s(answer)
             if in_outage or answer.register_again:
                 in_outage = False
                 master.register_ps(config.slot, address)
@@ -231,12 +236,13 @@ def _keep_in_touch(config, address, parameters, master, stop, wire):
                 )
         except grpc.RpcError as exc:
             in_outage = registered
+            interval = HEARTBEAT_INTERVAL_S
             logger.warning(
                 "The master at %s did not answer (%s: %s); silent for %.0f s of %.0f s allowed.",
                 config.master_addr, exc.code().name, exc.details(),
                 time.monotonic() - last_answer, MASTER_LOST_S,
             )
         time_left = last_answer + MASTER_LOST_S - time.monotonic()
-        stop.wait(max(0.0, min(HEARTBEAT_INTERVAL_S, time_left)))
+        stop.wait(max(0.0, min(interval, time_left)))
     logger.info("Stopping on signal.")
     return 0

@@ -233,6 +233,40 @@ def test_heartbeat_says_when_the_job_has_finished(client, master):
     assert client.heartbeat("ps", 0).job_finished is True
 
 
+def test_shards_heartbeat_sooner_once_the_last_tasks_are_handed_out(client, master):
+    assert client.heartbeat("ps", 0).next_heartbeat_s == 0  # the usual interval
+    first = client.get_task(0)
+    assert first.type == master_pb2.TASK_TRAINING
+    assert client.heartbeat("ps", 1).next_heartbeat_s == 0  # 3 training tasks wait
+    _take_all(client, 1)
+    assert client.heartbeat("ps", 0).next_heartbeat_s == pytest.approx(0.2)
+    assert client.heartbeat("ps", 1).next_heartbeat_s == pytest.approx(0.2)
+    assert client.heartbeat("worker", 0).next_heartbeat_s == 0  # workers ask for tasks
+    master.reports.no_more_tasks = True
+    assert client.heartbeat("ps", 0).next_heartbeat_s == pytest.approx(0.2)
+
+
+def test_shards_heartbeat_sooner_only_in_the_last_epoch_and_not_so_often_when_many(spec):
+    config = JobConfig(model_def="digits.digits_cnn", training_data="unused", num_ps=15,
+                       job_name="servicer-ending-test")
+    master = Master(config, spec, engine=LocalInstanceManager(),
+                    console=Console(stream=io.StringIO()))
+    master.reports.tasks = TaskManager(TRAIN, records_per_task=40, num_epochs=2,
+                                       max_task_retries=1, seed=0)
+    server, port = rpc.create_server(
+        [lambda s: master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), s)])
+    client = MasterClient(f"127.0.0.1:{port}", deadline_s=10.0)
+    try:
+        _take_all(client, 0)  # epoch 1 of 2: every task out, the next epoch to come
+        assert client.heartbeat("ps", 0).next_heartbeat_s == 0
+        master.reports.no_more_tasks = True
+        # 15 shards come back every 1.5 s: about 10 heartbeats a second in all.
+        assert client.heartbeat("ps", 3).next_heartbeat_s == pytest.approx(1.5)
+    finally:
+        client.close()
+        server.stop(grace=None)
+
+
 def test_workers_learn_where_every_shard_serves_from_heartbeats(client, master):
     client.register_ps(0, "127.0.0.1:7000")
     assert list(client.heartbeat("worker", 1).ps_addresses) == []  # not every shard yet

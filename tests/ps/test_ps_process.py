@@ -256,6 +256,48 @@ def test_run_re_registers_with_a_restarted_master_and_stops_when_told(
         restarted.server.stop(0)
 
 
+class PacedMaster(MinimalMaster):
+    """Answers the shard's heartbeats with `paces` as `next_heartbeat_s`, one each, then
+    says the job has finished."""
+
+    def __init__(self, paces):
+        super().__init__()
+        self.paces = list(paces)
+
+    def Heartbeat(self, request, context):
+        answer = super().Heartbeat(request, context)
+        if self.paces:
+            answer.next_heartbeat_s = self.paces.pop(0)
+        else:
+            answer.job_finished = True
+        return answer
+
+
+class CountedStop(threading.Event):
+    """A stop event whose waits return at once, each timeout kept in `waits`."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def test_run_heartbeats_as_soon_as_the_master_asks_within_bounds(keys):
+    paced = serve(PacedMaster([0, 0.5, 0.01, -1, float("nan"), float("inf"), 60, 0.2]))
+    stop = CountedStop()
+    try:
+        assert ps_main.run(in_process_config(paced, keys), stop) == 0
+    finally:
+        paced.server.stop(0)
+    usual = ps_main.HEARTBEAT_INTERVAL_S
+    # 0, negative and NaN: the usual interval; too soon or too late: the nearest bound.
+    assert stop.waits == pytest.approx([usual, 0.5, 0.2, usual, usual, usual, usual, 0.2],
+                                       abs=0.01)
+
+
 def test_bad_flags_exit_with_status_2():
     with pytest.raises(SystemExit) as info:
         ps_main.main(["--ps-id", "3", "--num-ps", "2", "--master-addr", "127.0.0.1:1"])
