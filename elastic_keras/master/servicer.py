@@ -90,7 +90,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         if request.role == "worker":
             answer.ps_addresses.extend(self._master.membership.ps_addresses()[1])
         if request.role == "ps" and self._master.reports.training_ends:
-            answer.next_heartbeat_s = ending_heartbeat_s(self._master.config.num_ps)
+            answer.next_heartbeat_s = ending_heartbeat_s(self._master.membership.num_ps)
         if request.role == "ps" and self._master.config.grads_to_wait:
             size = self._master.sync_round_size
             if size != request.round_size:  # sent once per change
