@@ -211,8 +211,9 @@ class StreamedPipeline:
         """Ends the stream (a later `batches` opens another).
 
         The stream runs without tf.data's autotuning (its prefetch buffer still grows as
-        needed): deleting an iterator that had run a while with it waited for the
-        autotuning thread, which held a worker's exit 1-10 s, and would hold any close.
+        needed): with it, deleting the iterator at times waited 1-10 s in its destructor
+        for one of the iterator's threads, which held a worker's exit and would hold any
+        close; without it, that wait was not seen.
         """
         if self._stream is not None:
             queue, _ = self._stream
