@@ -14,7 +14,7 @@ def ending_heartbeat_s(num_ps):
     """How often shards heartbeat while a job's last tasks run (`next_heartbeat_s`): their
     final reports then reach the master within a fraction of a second, and the master hears
     from all of them together about 10 times a second at most."""
-    return min(HEARTBEAT_INTERVAL_S, max(SOONEST_HEARTBEAT_S, num_ps / 10))
+    return _paced(num_ps / 10)
 
 
 def next_heartbeat_s(answer):
@@ -23,7 +23,12 @@ def next_heartbeat_s(answer):
     asked = answer.next_heartbeat_s
     if not asked > 0:  # 0, negative or NaN
         return HEARTBEAT_INTERVAL_S
-    return min(HEARTBEAT_INTERVAL_S, max(SOONEST_HEARTBEAT_S, asked))
+    return _paced(asked)
+
+
+def _paced(seconds):
+    """`seconds` kept within [SOONEST_HEARTBEAT_S, HEARTBEAT_INTERVAL_S]."""
+    return min(HEARTBEAT_INTERVAL_S, max(SOONEST_HEARTBEAT_S, seconds))
 
 # Calls the master may see twice without harm: registration is by id, progress is absolute,
 # a result for a task that is no longer running is ignored.
