@@ -11,7 +11,8 @@ keys array and another in a slots array). Its capacity is any number of entries,
 sized to what it holds: an id's first entry is a 64-bit mix of the id scaled to the
 capacity, and its probes follow the triangular sequence home, home+1, home+3, home+6, ...
 over the next power of two (which visits every position); positions past the last entry
-read one extra entry that no probe stops at, so they cost a round, not memory. A slot of -1
+wrap to the first entries, so every position read is an entry and no memory is spent on
+positions past the capacity. A slot of -1
 marks an empty entry, so every int64 value, 0 and -1 included, is a valid id. A removed id's
 entry is marked removed: lookups probe on past it, an insertion takes the first such entry
 on its way (once it knows the id is absent), and a rehash drops those left (they count
@@ -28,7 +29,8 @@ carries the very ids its pull looked up, and `recall` gives their slots back aft
 comparison instead of a lookup.
 
 Every operation works on whole batches of ids at once: each round of probing is a handful of
-vectorised gathers over the ids still unresolved. Insertion resolves collisions inside a
+vectorised gathers over the ids still unresolved, and a lookup's later rounds read several
+positions of each id's sequence at once, so a long probe costs a few rounds. Insertion resolves collisions inside a
 batch by letting ids claim empty entries together and reading back which claim won.
 
 Example:
@@ -58,10 +60,14 @@ MAX_LOAD = 0.75  # the most entries (held and removed) a map has before it grows
 SIZED_LOAD = 0.6  # how full a map is made when it is (re)built for a number of ids
 RECALLED = 16  # batches of ids whose slots a map remembers (see `remember`)
 RECALLED_IDS = 1 << 20  # ids those batches hold at most together (16 MB with their slots)
+WINDOW = 8  # probe positions an unresolved id reads in a round, at most (see `_probe`)
 _MIN_CAPACITY = 16
 _EMPTY = -1
 _REMOVED = np.iinfo(np.int64).min  # the slot of a removed id's entry until the next rehash
-_SKIP = -3  # the slot of the entry that stands for probe positions past the last entry
+# Position j of a window that starts at probe step s is j steps on: j * s + j * (j + 1) / 2
+# past its first position. These are the second terms; the first is `s * _STEPS`.
+_STEPS = np.arange(WINDOW)
+_OFFSETS = np.cumsum(_STEPS)
 # Salts the hash so the entries of one shard do not inherit the partition's choice of shard.
 _SALT = np.uint64(0x6A09E667F3BCC909)
 
@@ -102,7 +108,7 @@ class IdMap:
     @property
     def capacity(self):
         """The number of entries of the hash table."""
-        return len(self._entries) - 1
+        return self._capacity
 
     @property
     def nbytes(self):
@@ -206,11 +212,10 @@ class IdMap:
     def _allocate(self, capacity):
         # `full`, not `zeros`: numpy backs large arrays it fills itself with huge pages (not
         # those it gets zeroed by calloc), which speeds up a lookup's random reads.
-        self._entries = np.full((capacity + 1, 2), _EMPTY, dtype=np.int64)  # [key, slot]
-        self._entries[capacity, 1] = _SKIP
+        self._entries = np.full((capacity, 2), _EMPTY, dtype=np.int64)  # [key, slot]
         # The same bytes as one 16-byte element per entry, for `np.take` of whole entries.
         self._pairs = self._entries.view(np.complex128).reshape(-1)
-        self._last = capacity  # the _SKIP entry
+        self._capacity = capacity
         self._mask = (1 << (capacity - 1).bit_length()) - 1
 
     def _home(self, ids):
@@ -219,38 +224,53 @@ class IdMap:
         mixed = ids.view(np.uint64) ^ _SALT
         mix64(mixed, out=mixed)
         mixed >>= np.uint64(32)
-        mixed *= np.uint64(self._last)
+        mixed *= np.uint64(self._capacity)
         return (mixed >> np.uint64(32)).astype(np.intp)
 
     def _probe(self, ids, stops):
         """Looks up 1-D `ids`: their slots (-1 if absent) and, with `stops`, for absent ids the
-        first entry on their way that an insertion may take (empty, or a removed id's) and
-        the probe step there (where an insertion carries on)."""
-        found = np.full(len(ids), _EMPTY, dtype=np.int64)
+        first position on their way that an insertion may take (an empty entry, or a removed
+        id's) and the probe step there (where an insertion carries on).
+
+        The first round reads each id's first position (most ids resolve there), the second
+        an unresolved id's next 4, and a later one its next `WINDOW`: a long probe costs a
+        few rounds, each a handful of numpy calls, rather than one per position (and a short
+        one few reads it does not need).
+        """
+        position = self._home(ids)  # the first round: one position (an entry), 1-D arrays
+        entries = self._entries_at(position)
+        slots = entries[:, 1]
+        ended = (slots == _EMPTY) | ((slots >= 0) & (entries[:, 0] == ids))
+        found = np.where(ended, slots, _EMPTY)  # the slot found, or -1 (empty)
         stop = np.full(len(ids) if stops else 0, -1, dtype=np.intp)
         stop_step = np.zeros_like(stop)
-        pending, keys, position, step = None, ids, self._home(ids), 0  # None: every id
-        while len(keys):
-            entries = self._entries_at(position)
-            slots = entries[:, 1]
-            hit = (slots >= 0) & (entries[:, 0] == keys)
-            if pending is None:
-                np.copyto(found, slots, where=hit)
-            else:
-                where = np.flatnonzero(hit)
-                found[pending[where]] = slots[where]
+        if stops:
+            np.copyto(stop, position, where=(slots == _EMPTY) | (slots == _REMOVED))
+        pending = np.flatnonzero(~ended)
+        keys, step, width = ids[pending], 1, 4
+        position = (position[pending] + 1) & self._mask
+        while len(pending):
+            offsets = _OFFSETS[:width] + step * _STEPS[:width]
+            window = (position[:, None] + offsets) & self._mask
+            entries = self._entries_at(self._fold(window))  # [ids, width, 2]
+            slots = entries[..., 1]
+            ends = (slots == _EMPTY) | ((slots >= 0) & (entries[..., 0] == keys[:, None]))
+            end = ends.argmax(axis=1)
+            rows = np.arange(len(pending))
+            ended = ends[rows, end]
+            done = np.flatnonzero(ended)
+            found[pending[done]] = slots[done, end[done]]
             if stops:
                 free = (slots == _EMPTY) | (slots == _REMOVED)
-                first = np.flatnonzero(free & (stop[slice(None) if pending is None
-                                                    else pending] < 0))
-                into = first if pending is None else pending[first]
-                stop[into] = position[first]
-                stop_step[into] = step
-            go_on = np.flatnonzero(~hit & (slots != _EMPTY))
-            step += 1
-            pending = go_on if pending is None else pending[go_on]
-            keys = keys[go_on]
-            position = (position[go_on] + step) & self._mask
+                first = free.argmax(axis=1)
+                new = np.flatnonzero(free[rows, first] & (stop[pending] < 0))
+                stop[pending[new]] = window[new, first[new]]
+                stop_step[pending[new]] = step + first[new]
+            go_on = np.flatnonzero(~ended)
+            pending, keys = pending[go_on], keys[go_on]
+            step += width
+            width = WINDOW
+            position = (window[go_on, -1] + step) & self._mask
         return found, stop, stop_step
 
     def _probe_entries(self, ids):
@@ -258,19 +278,25 @@ class IdMap:
         at = np.empty(len(ids), dtype=np.intp)
         pending, position, step = np.arange(len(ids)), self._home(ids), 0
         while len(pending):
-            entries = self._entries_at(position)
-            hit = (entries[:, 1] >= 0) & (entries[:, 0] == ids[pending])
-            at[pending[hit]] = position[hit]
+            entry = self._fold(position)
+            pairs = self._entries_at(entry)
+            hit = (pairs[:, 1] >= 0) & (pairs[:, 0] == ids[pending])
+            at[pending[hit]] = entry[hit]
             go_on = np.flatnonzero(~hit)
             step += 1
             pending = pending[go_on]
             position = (position[go_on] + step) & self._mask
         return at
 
-    def _entries_at(self, position):
-        """`[key, slot]` of the entries at `position` (a copy; `take` beats indexing)."""
-        at = np.minimum(position, self._last)  # past the last entry: the _SKIP entry
-        return np.take(self._pairs, at).view(np.int64).reshape(-1, 2)
+    def _fold(self, position):
+        """The entry at each probe position: positions past the last entry wrap to the first
+        entries (which are then on every sequence twice)."""
+        return np.where(position < self._capacity, position, position - self._capacity)
+
+    def _entries_at(self, entry):
+        """`[key, slot]` of the entries at the indices `entry` (a copy; `take` beats
+        indexing)."""
+        return np.take(self._pairs, entry).view(np.int64).reshape(*entry.shape, 2)
 
     def _place(self, keys, slots, position, step):
         """Stores distinct, absent `keys` with their `slots`, probing from `position`/`step`.
@@ -282,16 +308,17 @@ class IdMap:
         markers = -2 - np.arange(len(keys), dtype=np.int64)
         pending = np.arange(len(keys))
         while len(pending):
-            was = self._entries_at(position)[:, 1]
+            entry = self._fold(position)
+            was = self._entries[entry, 1]
             empty = np.flatnonzero((was == _EMPTY) | (was == _REMOVED))
             placed = np.zeros(len(pending), dtype=bool)
             if len(empty):
-                claimed, claimants = position[empty], markers[pending[empty]]
+                claimed, claimants = entry[empty], markers[pending[empty]]
                 self._entries[claimed, 1] = claimants  # several may write one entry: one wins
                 won = empty[self._entries[claimed, 1] == claimants]
                 self._removed -= int(np.count_nonzero(was[won] == _REMOVED))
-                self._entries[position[won], 0] = keys[pending[won]]
-                self._entries[position[won], 1] = slots[pending[won]]
+                self._entries[entry[won], 0] = keys[pending[won]]
+                self._entries[entry[won], 1] = slots[pending[won]]
                 placed[won] = True
             go_on = np.flatnonzero(~placed)
             pending, step = pending[go_on], step[go_on] + 1

@@ -165,6 +165,27 @@ def test_ids_with_one_home_at_the_last_entry():
     assert ids.lookup(crowd + 3_000_000).tolist() == [-1] * len(crowd)
 
 
+@pytest.mark.parametrize("removed", [1, 3, 9, 20, 28])
+def test_an_insertion_takes_the_first_removed_entry_on_its_way(removed):
+    """Ids sharing one first entry line up along one probe sequence, and a lookup reads
+    that sequence several positions a round: wherever the removed entry lies in a round's
+    positions, the next absent id of the crowd is placed there, not further on."""
+    ids = IdMap(expected=20_000)
+    candidates = np.arange(3_000_000, dtype=np.int64)
+    homes = ids._home(candidates.copy())
+    crowd = candidates[homes == homes[0]][:31]
+    assert len(crowd) == 31
+    for one in crowd[:30]:  # the i-th at the i-th position of the sequence
+        ids.insert(one[None])
+    _, _, positions = ids.entries()
+    at = dict(zip(ids.entries()[0].tolist(), positions.tolist()))
+    ids.remove(crowd[removed:removed + 1])
+    assert ids.insert(crowd[30:]).tolist() == [removed]  # the removed id's slot, reused
+    new_ids, _, new_positions = ids.entries()
+    assert dict(zip(new_ids.tolist(), new_positions.tolist()))[crowd[30]] == at[crowd[removed]]
+    assert ids.lookup(crowd).tolist() == [*range(removed), -1, *range(removed + 1, 30), removed]
+
+
 def test_every_int64_value_is_a_valid_id():
     ids = IdMap()
     assert ids.lookup(ADVERSARIAL).tolist() == [-1] * len(ADVERSARIAL)
