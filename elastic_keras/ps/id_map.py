@@ -12,11 +12,10 @@ sized to what it holds: an id's first entry is a 64-bit mix of the id scaled to 
 capacity, and its probes follow the triangular sequence home, home+1, home+3, home+6, ...
 over the next power of two (which visits every position); positions past the last entry
 wrap to the first entries, so every position read is an entry and no memory is spent on
-positions past the capacity. A slot of -1
-marks an empty entry, so every int64 value, 0 and -1 included, is a valid id. A removed id's
-entry is marked removed: lookups probe on past it, an insertion takes the first such entry
-on its way (once it knows the id is absent), and a rehash drops those left (they count
-toward the load until then).
+positions past the capacity. A slot of -1 marks an empty entry, so every int64 value, 0 and
+-1 included, is a valid id. A removed id's entry is marked removed: lookups probe on past
+it, an insertion takes the first such entry on its way (once it knows the id is absent),
+and a rehash drops those left (they count toward the load until then).
 
 The map grows to twice what it holds when entries and removed ones pass `MAX_LOAD`, never
 past room for `most` ids where the caller knows its bound (a table with a row budget), and
@@ -30,8 +29,9 @@ comparison instead of a lookup.
 
 Every operation works on whole batches of ids at once: each round of probing is a handful of
 vectorised gathers over the ids still unresolved, and a lookup's later rounds read several
-positions of each id's sequence at once, so a long probe costs a few rounds. Insertion resolves collisions inside a
-batch by letting ids claim empty entries together and reading back which claim won.
+positions of each id's sequence at once, so a long probe costs a few rounds. Insertion
+resolves collisions inside a batch by letting ids claim empty entries together and reading
+back which claim won.
 
 Example:
 
@@ -309,7 +309,7 @@ class IdMap:
         pending = np.arange(len(keys))
         while len(pending):
             entry = self._fold(position)
-            was = self._entries[entry, 1]
+            was = self._entries_at(entry)[:, 1]
             empty = np.flatnonzero((was == _EMPTY) | (was == _REMOVED))
             placed = np.zeros(len(pending), dtype=bool)
             if len(empty):

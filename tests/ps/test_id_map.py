@@ -177,8 +177,8 @@ def test_an_insertion_takes_the_first_removed_entry_on_its_way(removed):
     assert len(crowd) == 31
     for one in crowd[:30]:  # the i-th at the i-th position of the sequence
         ids.insert(one[None])
-    _, _, positions = ids.entries()
-    at = dict(zip(ids.entries()[0].tolist(), positions.tolist()))
+    keys, _, positions = ids.entries()
+    at = dict(zip(keys.tolist(), positions.tolist()))
     ids.remove(crowd[removed:removed + 1])
     assert ids.insert(crowd[30:]).tolist() == [removed]  # the removed id's slot, reused
     new_ids, _, new_positions = ids.entries()
